@@ -1,0 +1,1 @@
+"""Library shared by the stage scripts. Importing it has no side effects."""

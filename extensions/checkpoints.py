@@ -1,0 +1,154 @@
+"""Self-describing, verifiably complete checkpoint directories.
+
+A checkpoint directory holds ``meta.json`` (config, base model, stage, step or round, data) and is
+*complete* only once ``manifest.json`` (every other file's name, size and sha256) exists. The manifest
+is written last and atomically, so a directory caught mid-write by a crash, a SIGKILL or a spot
+reclaim is never mistaken for a checkpoint: restore, resume and S3 sync consider complete ones only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from .paths import checkpoint_index
+
+META = "meta.json"
+MANIFEST = "manifest.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_meta(directory: Path, *, stage: str, config: str | None, base_model: str, data: Any,
+               step: int | None = None, round_index: int | None = None, **extra: Any) -> dict:
+    meta = {
+        "stage": stage,
+        "config": config,
+        "base_model": base_model,
+        "step": step,
+        "round": round_index,
+        "data": data,
+        "created_unix": time.time(),
+        **extra,
+    }
+    atomic_write_json(Path(directory) / META, meta)
+    return meta
+
+
+def read_meta(directory: Path) -> dict:
+    path = Path(directory) / META
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has no {META}; it is not a checkpoint of this pipeline")
+    return json.loads(path.read_text())
+
+
+def _payload_files(directory: Path) -> Iterable[Path]:
+    for path in sorted(Path(directory).rglob("*")):
+        if path.is_file() and path.name != MANIFEST and not path.name.startswith(f".{MANIFEST}"):
+            yield path
+
+
+def finalize(directory: Path) -> dict:
+    """Write ``manifest.json`` for ``directory``: the last write, which marks it complete."""
+    directory = Path(directory)
+    if not (directory / META).is_file():
+        raise FileNotFoundError(f"{directory}: write meta.json before finalizing")
+    files = {
+        str(path.relative_to(directory)): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in _payload_files(directory)
+    }
+    manifest = {"files": files, "finalized_unix": time.time()}
+    atomic_write_json(directory / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: Path) -> dict | None:
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return manifest if isinstance(manifest.get("files"), dict) else None
+
+
+def is_complete(directory: Path, verify_hashes: bool = False) -> bool:
+    """True when the manifest exists and every file it lists is present with its size (and hash)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return False
+    for name, entry in manifest["files"].items():
+        path = directory / name
+        if not path.is_file() or path.stat().st_size != entry.get("size"):
+            return False
+        if verify_hashes and sha256_file(path) != entry.get("sha256"):
+            return False
+    return True
+
+
+def complete_checkpoints(stage_dir: Path) -> list[Path]:
+    """Complete ``checkpoint-N`` / ``round-NNN`` directories of one stage, oldest first."""
+    stage_dir = Path(stage_dir)
+    if not stage_dir.is_dir():
+        return []
+    found = [
+        (checkpoint_index(path), path)
+        for path in stage_dir.iterdir()
+        if path.is_dir() and checkpoint_index(path) is not None and is_complete(path)
+    ]
+    return [path for _, path in sorted(found)]
+
+
+def newest_complete(stage_dir: Path) -> Path | None:
+    found = complete_checkpoints(stage_dir)
+    return found[-1] if found else None
+
+
+def prune(stage_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete checkpoints (never the newest one)."""
+    found = complete_checkpoints(stage_dir)
+    keep = max(1, keep_last)
+    removed = found[:-keep] if len(found) > keep else []
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def copy_checkpoint(source: Path, destination: Path) -> None:
+    """Copy a complete checkpoint (e.g. the last round to ``final/``) keeping completeness last."""
+    source, destination = Path(source), Path(destination)
+    if not is_complete(source):
+        raise ValueError(f"{source} is not a complete checkpoint")
+    staging = destination.with_name(f".{destination.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging, ignore=shutil.ignore_patterns(MANIFEST))
+    shutil.rmtree(destination, ignore_errors=True)
+    os.replace(staging, destination)
+    finalize(destination)

