@@ -1,0 +1,82 @@
+""""Save now" requests that reach a training loop from a thread, a signal or another process.
+
+The spot watcher (in-process thread or ``checkpoint_manager.py --action watch`` beside the trainer)
+asks for a checkpoint; the training loop polls ``SaveSignal.save_requested()`` at every step
+boundary, saves, calls ``acknowledge()``, and stops if ``stop_requested()``. A request is an event
+(same process), a flag file under the run's logs (another process), or SIGUSR1 (save and go on) /
+SIGTERM (save and stop).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+
+class SaveSignal:
+    def __init__(self, flag_path: Path):
+        self.flag_path = Path(flag_path)
+        self._save = threading.Event()
+        self._stop = threading.Event()
+        self._saved = threading.Event()
+        self.reason: Optional[str] = None
+
+    @classmethod
+    def for_run(cls, paths) -> "SaveSignal":
+        return cls(paths.logs / "save_request.json")
+
+    def install_signal_handlers(self) -> None:
+        """SIGUSR1: save at the next step and continue. SIGTERM: save at the next step and stop."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        signal.signal(signal.SIGUSR1, lambda *_: self.request("SIGUSR1", stop=False, write_flag=False))
+        signal.signal(signal.SIGTERM, lambda *_: self.request("SIGTERM", stop=True, write_flag=False))
+
+    def request(self, reason: str, stop: bool = False, write_flag: bool = True) -> None:
+        self.reason = reason
+        self._saved.clear()
+        if stop:
+            self._stop.set()
+        self._save.set()
+        if write_flag:
+            self.flag_path.parent.mkdir(parents=True, exist_ok=True)
+            self.flag_path.write_text(json.dumps({"reason": reason, "stop": stop, "time": time.time()}))
+
+    def _read_flag(self) -> None:
+        try:
+            data = json.loads(self.flag_path.read_text())
+        except (OSError, ValueError):
+            return
+        if not self._save.is_set():
+            self.reason = str(data.get("reason", "flag file"))
+            if data.get("stop"):
+                self._stop.set()
+            self._save.set()
+
+    def save_requested(self) -> bool:
+        if not self._save.is_set() and self.flag_path.exists():
+            self._read_flag()
+        return self._save.is_set()
+
+    def stop_requested(self) -> bool:
+        self.save_requested()
+        return self._stop.is_set()
+
+    def acknowledge(self, checkpoint: Optional[Path] = None) -> None:
+        """Called by the training loop once the requested checkpoint is complete."""
+        self._save.clear()
+        self._saved.set()
+        try:
+            self.flag_path.unlink()
+        except FileNotFoundError:
+            pass
+        ack = self.flag_path.with_name("save_done.json")
+        ack.parent.mkdir(parents=True, exist_ok=True)
+        ack.write_text(json.dumps({"checkpoint": str(checkpoint) if checkpoint else None, "time": time.time()}))
+
+    def wait_saved(self, timeout: float) -> bool:
+        """For the watcher in the same process: block until the loop acknowledged the save."""
+        return self._saved.wait(timeout)
