@@ -1,0 +1,249 @@
+"""The data preparation stage: sources in, the run's ``data/processed`` files out.
+
+``prepare(cfg, out_dir)`` reads KernelBook (hub, local file or the bundled set) and KernelBench,
+normalises and validates every row, removes exact and near duplicates and training rows that copy an
+evaluation problem, labels difficulty, splits deterministically and writes (each file atomically,
+the report last):
+
+    sft_train.jsonl  sft_val.jsonl   {"uuid", "level", "prompt", "completion"}
+    rl_tasks.jsonl                   {"task_id", "level", "name", "code"}
+    eval_tasks.jsonl                 {"task_id", "level", "name", "code", "predicted_level", "source"}
+    difficulty_labels.jsonl          {"uuid", "level", "signals"}
+    prepare_report.json              per-source read/kept/dropped-by-reason, agreement, fingerprint
+
+A second call with the same inputs, configuration and code finds the report's fingerprint unchanged
+and does nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from ..prompts import build_messages, format_completion
+from . import rejections as R
+from .bundled import bundled_eval_tasks, bundled_fingerprint
+from .dedup import SimilarityIndex, code_shingles, exact_key
+from .difficulty import analyse_module
+from .kernelbench import EvalTask, read_eval_tasks
+from .kernelbook import KernelBookPair, normalise_row
+from .report import SourceTally, difficulty_agreement, format_summary
+from .sources import read_kernelbench, read_kernelbook, source_identity
+from .splits import split_ids
+
+log = logging.getLogger(__name__)
+
+OUTPUT_FILES = ("sft_train.jsonl", "sft_val.jsonl", "rl_tasks.jsonl", "eval_tasks.jsonl",
+                "difficulty_labels.jsonl")
+REPORT_FILE = "prepare_report.json"
+_CODE_FILES = ("kernelbook.py", "kernelbench.py", "dedup.py", "difficulty.py", "splits.py",
+               "pipeline.py", "rejections.py", "sources.py")
+
+
+@dataclass
+class PrepareOutcome:
+    out_dir: Path
+    report: dict[str, Any]
+    up_to_date: bool  # nothing was done: the outputs match the inputs
+
+
+@dataclass
+class _KeptPair:
+    pair: KernelBookPair
+    level: int
+    signals: list[str]
+
+
+def _code_fingerprint() -> str:
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in [*(here / name for name in _CODE_FILES), here.parent / "prompts.py"]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def input_fingerprint(data_cfg) -> dict[str, Any]:
+    """Everything the outputs depend on: source identities, the data config, the code."""
+    return {
+        "kernelbook": source_identity(data_cfg.kernelbook),
+        "kernelbench": source_identity(data_cfg.kernelbench),
+        "bundled_eval_tasks": bundled_fingerprint() if data_cfg.bundled_eval_tasks else None,
+        "config": dataclasses.asdict(data_cfg),
+        "code": _code_fingerprint(),
+    }
+
+
+def is_up_to_date(out_dir: Path, fingerprint: dict[str, Any]) -> bool:
+    report_path = out_dir / REPORT_FILE
+    if not report_path.is_file() or not all((out_dir / name).is_file() for name in OUTPUT_FILES):
+        return False
+    try:
+        return json.loads(report_path.read_text()).get("fingerprint") == json.loads(json.dumps(fingerprint))
+    except (json.JSONDecodeError, OSError):
+        return False
+
+
+def _atomic_write_lines(path: Path, rows: Iterable[dict]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    count = 0
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return count
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _progress(iterable, desc: str, enabled: bool, total: Optional[int] = None):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit="row", mininterval=1.0)
+
+
+def collect_eval_tasks(data_cfg, tallies: dict[str, SourceTally], progress: bool) -> list[EvalTask]:
+    tasks: list[EvalTask] = []
+    if data_cfg.kernelbench != "none":
+        tally = tallies.setdefault("kernelbench", SourceTally(data_cfg.kernelbench))
+        rows = read_kernelbench(data_cfg.kernelbench, list(data_cfg.kernelbench_levels))
+        tasks += read_eval_tasks(_progress(rows, "kernelbench", progress), list(data_cfg.kernelbench_levels), tally)
+    if data_cfg.bundled_eval_tasks:
+        tally = tallies.setdefault("bundled_eval", SourceTally("bundled eval tasks"))
+        for task in bundled_eval_tasks():
+            tally.count_read()
+            tally.keep()
+            tasks.append(EvalTask(task_id=f"bundled_{task.name}", level=task.level, name=task.name,
+                                  code=task.code, predicted_level=analyse_module(task.code).level,
+                                  source="bundled"))
+    return tasks
+
+
+def collect_pairs(data_cfg, eval_tasks: list[EvalTask], tally: SourceTally, *, max_samples: Optional[int],
+                  progress: bool) -> list[_KeptPair]:
+    """Normalise, validate, deduplicate and decontaminate KernelBook rows, in input order."""
+    eval_index = SimilarityIndex()
+    for task in eval_tasks:
+        eval_index.add(task.task_id, code_shingles(task.code))
+    kept_index = SimilarityIndex()
+    seen_exact: set[str] = set()
+    seen_uuid: set[str] = set()
+    kept: list[_KeptPair] = []
+    rows = read_kernelbook(data_cfg.kernelbook)
+    for item in _progress(rows, "kernelbook", progress, total=max_samples):
+        if max_samples is not None and tally.read >= max_samples:
+            break
+        tally.count_read()
+        if item.rejected:
+            tally.drop(item.rejected)
+            continue
+        try:
+            pair = normalise_row(item.row, drop_library_kernel_solutions=data_cfg.drop_library_kernel_solutions,
+                                 max_task_chars=data_cfg.max_prompt_chars,
+                                 max_solution_chars=data_cfg.max_completion_chars)
+            if pair.uuid in seen_uuid:
+                raise R.RowRejected(R.EXACT_DUPLICATE, f"uuid {pair.uuid} seen before")
+            key = exact_key(pair.task_code, pair.solution_code)
+            if key in seen_exact:
+                raise R.RowRejected(R.EXACT_DUPLICATE)
+            task_shingles = code_shingles(pair.task_code)
+            match = eval_index.most_similar(task_shingles, data_cfg.decontamination_threshold)
+            if match:
+                raise R.RowRejected(R.CONTAMINATED, f"{match[0]} (jaccard {match[1]:.2f})")
+            match = kept_index.most_similar(task_shingles, data_cfg.near_duplicate_threshold)
+            if match:
+                raise R.RowRejected(R.NEAR_DUPLICATE, f"{match[0]} (jaccard {match[1]:.2f})")
+            try:
+                analysis = analyse_module(pair.task_code)
+            except (ValueError, SyntaxError, RecursionError) as exc:
+                raise R.RowRejected(R.NO_ENTRY_POINT_CLASS, str(exc)) from None
+        except R.RowRejected as exc:
+            tally.drop(exc.reason)
+            log.debug("row %d dropped: %s", item.index, exc)
+            continue
+        seen_uuid.add(pair.uuid)
+        seen_exact.add(key)
+        kept_index.add(pair.uuid, task_shingles)
+        kept.append(_KeptPair(pair, analysis.level, analysis.architecture_signals))
+        tally.keep()
+    return kept
+
+
+def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[int] = None,
+            progress: bool = True) -> PrepareOutcome:
+    """Run data preparation for ``cfg`` (a PipelineConfig) into ``out_dir``."""
+    data_cfg = cfg.data
+    if max_samples is not None:
+        data_cfg = dataclasses.replace(data_cfg, max_samples=max_samples)
+    if data_cfg.max_samples is not None and data_cfg.max_samples < 1:
+        raise ValueError(f"max_samples must be >= 1, got {data_cfg.max_samples}")
+    out_dir = Path(out_dir)
+    fingerprint = input_fingerprint(data_cfg)
+    if not force and is_up_to_date(out_dir, fingerprint):
+        return PrepareOutcome(out_dir, json.loads((out_dir / REPORT_FILE).read_text()), up_to_date=True)
+
+    started = time.time()
+    tallies: dict[str, SourceTally] = {"kernelbook": SourceTally(data_cfg.kernelbook)}
+    eval_tasks = collect_eval_tasks(data_cfg, tallies, progress)
+    kept = collect_pairs(data_cfg, eval_tasks, tallies["kernelbook"], max_samples=data_cfg.max_samples,
+                         progress=progress)
+
+    by_uuid = {k.pair.uuid: k for k in kept}
+    split = split_ids([k.pair.uuid for k in kept], val_fraction=data_cfg.val_fraction,
+                      rl_fraction=data_cfg.rl_fraction)
+
+    def sft_rows(ids):
+        for uuid in ids:
+            item = by_uuid[uuid]
+            yield {"uuid": uuid, "level": item.level, "prompt": build_messages(item.pair.task_code),
+                   "completion": format_completion(item.pair.solution_code)}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / REPORT_FILE).unlink(missing_ok=True)  # outputs are incomplete until the report is back
+    outputs = {
+        "sft_train": _atomic_write_lines(out_dir / "sft_train.jsonl", sft_rows(split.train)),
+        "sft_val": _atomic_write_lines(out_dir / "sft_val.jsonl", sft_rows(split.val)),
+        "rl_tasks": _atomic_write_lines(out_dir / "rl_tasks.jsonl", (
+            {"task_id": f"kb_{uuid}", "level": by_uuid[uuid].level, "name": by_uuid[uuid].pair.entry_point,
+             "code": by_uuid[uuid].pair.task_code} for uuid in split.rl)),
+        "eval_tasks": _atomic_write_lines(out_dir / "eval_tasks.jsonl", (t.to_row() for t in eval_tasks)),
+        "difficulty_labels": _atomic_write_lines(out_dir / "difficulty_labels.jsonl", (
+            {"uuid": k.pair.uuid, "level": k.level, "signals": k.signals} for k in kept)),
+    }
+    kernelbench = [(t.level, t.predicted_level) for t in eval_tasks if t.source == "kernelbench"]
+    bundled = [(t.level, t.predicted_level) for t in eval_tasks if t.source == "bundled"]
+    report = {
+        "fingerprint": fingerprint,
+        "sources": {name: tally.to_dict() for name, tally in tallies.items()},
+        "outputs": outputs,
+        "difficulty": {
+            "kernelbook_levels": {str(lvl): sum(1 for k in kept if k.level == lvl) for lvl in (1, 2, 3)},
+            "kernelbench_agreement": difficulty_agreement(kernelbench),
+            "bundled_eval_agreement": difficulty_agreement(bundled),
+        },
+        "seconds": round(time.time() - started, 2),
+    }
+    _atomic_write_json(out_dir / REPORT_FILE, report)
+    return PrepareOutcome(out_dir, report, up_to_date=False)
+
+
+__all__ = ["PrepareOutcome", "prepare", "input_fingerprint", "is_up_to_date", "format_summary"]

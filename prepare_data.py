@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Stage 1: prepare the training and evaluation data.
+
+Reads KernelBook (PyTorch -> Triton pairs: the hub dataset GPUMODE/KernelBook, a local .jsonl,
+.json or .parquet file, or ``bundled``, the project's starter set) and KernelBench (the hub dataset,
+a local JSONL, or ``none``), and writes the run's ``data/processed/`` files: sft_train.jsonl,
+sft_val.jsonl, rl_tasks.jsonl, eval_tasks.jsonl, difficulty_labels.jsonl and prepare_report.json.
+Bad rows are counted by reason, never fatal; a missing or unreadable source exits with status 2.
+A second run with the same inputs does nothing unless --force.
+
+    python prepare_data.py --smoke
+    python prepare_data.py --config configs/default.yaml
+    python prepare_data.py --kernelbook kb.jsonl --kernelbench none --out /tmp/data --max_samples 500
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from extensions.config import ConfigError, add_config_args, config_from_args
+from extensions.data import SourceError, format_summary, prepare
+from extensions.paths import RunPaths
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    parser.add_argument("--kernelbook", help="hub id, local .jsonl/.json/.parquet, or 'bundled' (data.kernelbook)")
+    parser.add_argument("--kernelbench", help="hub id, local JSONL, or 'none' (data.kernelbench)")
+    parser.add_argument("--out", type=Path, help="output directory (default: the run's data/processed)")
+    parser.add_argument("--max_samples", type=int, help="read at most N KernelBook rows (data.max_samples)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    overrides = [f"data.{key}={value}" for key, value in
+                 (("kernelbook", args.kernelbook), ("kernelbench", args.kernelbench)) if value is not None]
+    try:
+        cfg = config_from_args(args, overrides)
+        out_dir = args.out or RunPaths.from_config(cfg).processed
+        outcome = prepare(cfg, out_dir, force=args.force, max_samples=args.max_samples,
+                          progress=not args.no_progress)
+    except (ConfigError, SourceError, ValueError) as exc:
+        print(f"prepare_data: error: {exc}", file=sys.stderr)
+        return 2
+    if outcome.up_to_date:
+        print(f"{outcome.out_dir}: up to date (same inputs and config); pass --force to rebuild")
+    print(format_summary(outcome.report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
