@@ -1,0 +1,51 @@
+"""The timing seam the verifier calls: ``measure_speedup``.
+
+Runs inside the sandboxed worker that already holds the candidate, after correctness passed, while
+the worker holds the GPU's lease::
+
+    from extensions.timing import gpu_lease, measure_speedup
+    with gpu_lease(device_index):
+        report = measure_speedup(reference_model, candidate_model, input_sets, config)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from extensions.timing.report import SpeedupReport
+from extensions.timing.schedule import SpeedupScheduler, TimingSettings, TrialRunner
+
+
+def make_runner(reference, candidate, input_sets: Sequence[Sequence[Any]], config: Any) -> TrialRunner:
+    """The CUDA runner when the inputs live on a GPU, else the host-clock runner."""
+    import torch
+
+    from extensions.timing.runners import CudaTrialRunner, HostTrialRunner
+
+    on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for s in input_sets for x in s)
+    if on_gpu:
+        return CudaTrialRunner(reference, candidate, input_sets, config)
+    return HostTrialRunner(reference, candidate, input_sets, config)
+
+
+def measure_speedup(
+    reference,
+    candidate,
+    input_sets: Sequence[Sequence[Any]],
+    config: Any,
+    *,
+    runner: Optional[TrialRunner] = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> SpeedupReport:
+    """Time ``candidate`` against ``reference`` on rotating ``input_sets``; see ``docs/timing.md``.
+
+    ``config`` is a ``VerifierConfig`` (its timing_* fields). ``input_sets`` is a list of argument
+    lists, tensors already on the device; use at least two sets (the last one is held back for the
+    memoisation probe). ``runner`` and ``clock`` are injectable for tests.
+    """
+    settings = TimingSettings.from_config(config)
+    if not input_sets:
+        raise ValueError("measure_speedup needs at least one input set, got none")
+    if runner is None:
+        runner = make_runner(reference, candidate, input_sets, config)
+    return SpeedupScheduler(runner, settings, clock).run()
