@@ -52,8 +52,11 @@ class DataConfig:
     rl_fraction: float = 0.2  # share of kept KernelBook tasks held out as RL tasks
     near_duplicate_threshold: float = 0.9
     decontamination_threshold: float = 0.85
-    max_prompt_chars: int = 12000
-    max_completion_chars: int = 16000
+    max_prompt_chars: int = 12000  # longer normalised tasks are dropped (task_too_long)
+    max_completion_chars: int = 16000  # longer solutions are dropped (solution_too_long)
+    # Drop solutions that hand the math to vendor kernels (inductor's extern_kernels.mm, aten.*):
+    # the verifier rejects them, so training on them teaches what RL then punishes.
+    drop_library_kernel_solutions: bool = True
 
 
 @dataclass
@@ -82,6 +85,7 @@ class CurriculumConfig:
     curriculum_trigger_threshold: float = 0.4
     curriculum_step: float = 0.1  # how far the level-2 share moves per round once triggered
     curriculum_window: int = 3  # rounds in the moving level-1 correct rate
+    curriculum_level3_end_p: float = 0.2  # level 3 opens only after level 2 is mastered; 0 excludes it
 
 
 @dataclass
@@ -99,6 +103,9 @@ class RLConfig:
     temperature: float = 0.8
     top_p: float = 0.95
     generation_batch_size: int = 64  # sequences per generate() call
+    cache_implementation: Optional[str] = None  # "static": preallocated KV cache for generate()
+    verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
+    keep_last_rounds: int = 3  # complete round-NNN checkpoints kept
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
 
@@ -119,6 +126,12 @@ class VerifierConfig:
     atol_low_precision: float = 1e-2
     rtol_low_precision: float = 1e-2
     cpu_max_input_numel: int = 65536  # KernelBench sizes are for big GPUs; shrink for the interpreter
+    # On CUDA inputs cross the sandbox as files; 0 keeps the problem's own sizes.
+    cuda_max_input_numel: int = 1 << 25
+    # ||out - ref|| / ||ref|| bound, so a near-zero output cannot hide under atol on small references
+    max_relative_error: float = 1e-2
+    min_reference_norm: float = 1e-6  # below this the reference is ~0 and only atol/rtol apply
+    seed: int = 42  # torch seed before get_init_inputs/Model/ModelNew; input set k uses seed + k
     # staged evaluation
     enable_staged_eval: bool = True
     staged_skip_timing_on_failure: bool = True
@@ -132,6 +145,15 @@ class VerifierConfig:
     timing_max_cv: float = 0.02
     timing_max_remeasure: int = 2
     speedup_review_bound: float = 10.0
+    timing_mode: Literal["counts", "budget"] = "budget"  # budget: trials cut to fit timing_budget_s
+    timing_min_trials: int = 10  # floor on paired trials, however small the budget
+    timing_max_trials: int = 1000  # ceiling on paired trials in budget mode
+    timing_bootstrap_samples: int = 1000  # resamples for the speedup's 95% CI
+    timing_seed: int = 0  # bootstrap and output-check sampling
+    timing_output_checks: int = 3  # timed pairs whose outputs are compared (plus the final probe)
+    timing_side_stream_tolerance_us: float = 5.0  # device-wait excess over the reference that counts as hidden work
+    timing_wall_slack_ms: float = 1.0  # event time may trail host wall time by this much before it is suspicious
+    timing_memo_ratio: float = 1.5  # fresh-input call this much slower than repeats: memoisation suspected
     # policy
     allow_library_gemm: bool = False
     # reward
@@ -165,6 +187,13 @@ class CheckpointConfig:
     sync_dirs: list[str] = field(default_factory=lambda: ["checkpoints", "data", "outputs", "logs"])
     spot_poll_interval_s: float = 5.0
     metadata_endpoint: str = "http://169.254.169.254"
-    upload_concurrency: int = 16
-    multipart_chunk_mb: int = 16
+    upload_concurrency: int = 16  # threads per file (multipart parts in flight)
+    file_concurrency: int = 4  # files uploaded or downloaded at once
+    multipart_chunk_mb: int = 16  # also the multipart threshold; S3 ETags are computed with it
     max_retries: int = 8
+    retry_backoff_s: float = 1.0  # first retry delay, doubled per attempt up to retry_backoff_max_s
+    retry_backoff_max_s: float = 30.0
+    noncurrent_version_days: int = 7  # `setup`: lifecycle expiry of overwritten/deleted versions
+    notice_deadline_s: float = 120.0  # when a notice has no parseable `time`, and for SIGTERM
+    save_ack_timeout_s: float = 60.0  # longest wait for the trainer to confirm the requested save
+    emergency_reserve_s: float = 30.0  # time before the deadline kept for the emergency sync
