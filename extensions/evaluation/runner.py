@@ -1,0 +1,308 @@
+"""Evaluate one model: generate responses (saved before anything is verified), verify them, and
+turn the verdicts into an evaluation report.
+
+Generations are appended to ``generations_NAME.jsonl`` one chunk of tasks at a time, so a crash
+during generation keeps every finished chunk and a crash during verification keeps them all; a
+re-run with the same model and sampling settings reuses the saved rows and generates only the
+missing tasks.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .inputs import Generation, GenerationsFile, generation_row, read_generations
+from .metrics import compute_metrics
+from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord
+
+REPORT_VERSION = 1
+
+
+@dataclass
+class EvalSettings:
+    """How responses are sampled; saved in the generations header and the report."""
+
+    samples_per_task: int = 1
+    temperature: float = 0.0
+    top_p: float = 0.95
+    max_new_tokens: int = 2048
+    seed: int = 1234
+    generation_batch_size: int = 64
+
+    @classmethod
+    def from_config(cls, eval_cfg, samples_per_task: Optional[int] = None) -> "EvalSettings":
+        return cls(
+            samples_per_task=samples_per_task or eval_cfg.samples_per_task,
+            temperature=eval_cfg.temperature, top_p=eval_cfg.top_p,
+            max_new_tokens=eval_cfg.max_new_tokens, seed=eval_cfg.seed,
+            generation_batch_size=eval_cfg.generation_batch_size,
+        )
+
+    def sampling_key(self) -> dict[str, Any]:
+        """The settings that change what is generated (batch size does not)."""
+        key = asdict(self)
+        key.pop("generation_batch_size")
+        return key
+
+
+class VerificationError(RuntimeError):
+    """The verifier itself could not run (not a verdict on a candidate)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# generation
+
+
+def _header(model_path: str, settings: EvalSettings) -> dict[str, Any]:
+    return {
+        "model_path": model_path,
+        "sampling": settings.sampling_key(),
+        "prompt": "extensions.prompts.build_messages",
+        "created_unix": time.time(),
+    }
+
+
+def _same_settings(header: Optional[dict], model_path: str, settings: EvalSettings) -> bool:
+    return bool(header) and header.get("model_path") == model_path and header.get("sampling") == settings.sampling_key()
+
+
+def _write_rows(path: Path, header: dict, rows: Sequence[dict], mode: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, mode, encoding="utf-8") as handle:
+        if header is not None:
+            handle.write(json.dumps({"header": header}) + "\n")
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _chunk_seed(base_seed: int, chunk: Sequence[EvalTask]) -> int:
+    # Tied to the chunk's first task, not to its position, so every model sees the same seeds for
+    # the same tasks and a resumed run seeds its remaining chunks as a fresh run would.
+    return (base_seed + zlib.crc32(chunk[0].task_id.encode())) % (2**31 - 1)
+
+
+def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
+                  settings: EvalSettings, log=print) -> list[EvalTask]:
+    """Tasks still to generate; prepares ``path`` so that new rows can be appended to it.
+
+    Saved rows are reused when the file's header names the same model and sampling settings; rows
+    of tasks that have fewer than ``samples_per_task`` samples (a crash mid-chunk) are dropped and
+    those tasks generated again. A file with other settings is kept as ``<name>.old``.
+    """
+    path = Path(path)
+    header = _header(model_path, settings)
+    if not path.is_file():
+        _write_rows(path, header, [], "w")
+        return list(tasks)
+    saved = read_generations(path)
+    if not _same_settings(saved.header, model_path, settings):
+        old = path.with_name(path.name + ".old")
+        os.replace(path, old)
+        log(f"{path} was generated with other settings (or has no header); moved to {old}, generating anew")
+        _write_rows(path, header, [], "w")
+        return list(tasks)
+    for issue in saved.issues:
+        log(f"reusing {path}: {issue}")
+    counts = Counter(row.task_id for row in saved.rows)
+    complete = {task_id for task_id, n in counts.items() if n >= settings.samples_per_task}
+    kept = [row for row in saved.rows if row.task_id in complete]
+    if len(kept) != len(saved.rows) or saved.issues:
+        # Rewrite without partial tasks or broken lines so the appended rows are not duplicated.
+        rows = [{"task_id": r.task_id, "sample": r.sample, "response": r.response or ""} for r in kept]
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        _write_rows(tmp, saved.header, rows, "w")
+        os.replace(tmp, path)
+    pending = [t for t in tasks if t.task_id not in complete]
+    log(f"reusing saved generations for {len(tasks) - len(pending)} of {len(tasks)} tasks from {path}")
+    return pending
+
+
+def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings, model_cfg,
+                       generations_path: Path, *, progress: bool = True, log=print) -> GenerationsFile:
+    """Generate ``samples_per_task`` responses per task (reusing saved ones) and return the saved file."""
+    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log)
+    if todo:
+        if settings.samples_per_task > 1 and settings.temperature == 0:
+            log("warning: several samples per task with temperature 0 (greedy) are identical; pass@k>1 "
+                "then says nothing more than pass@1")
+        _sample_into(generations_path, model_path, todo, settings, model_cfg, progress=progress)
+    return read_generations(generations_path)
+
+
+def _sample_into(path: Path, model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings,
+                 model_cfg, *, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    from ..modeling import load_for_inference
+    from ..prompts import build_messages
+    from ..sampling import SamplingParams, sample_completions
+
+    model, tokenizer, _info = load_for_inference(model_path, model_cfg)
+    try:
+        per_chunk = max(1, settings.generation_batch_size // settings.samples_per_task)
+        bar = tqdm(total=len(tasks), desc=f"generate {Path(path).stem}", unit="task", disable=not progress)
+        for start in range(0, len(tasks), per_chunk):
+            chunk = tasks[start:start + per_chunk]
+            params = SamplingParams(
+                max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                top_p=settings.top_p, seed=_chunk_seed(settings.seed, chunk),
+                batch_size=settings.generation_batch_size,
+            )
+            responses = sample_completions(
+                model, tokenizer, [build_messages(t.code) for t in chunk], settings.samples_per_task,
+                params, progress=False,
+            )
+            rows = [generation_row(task, i, text) for task, texts in zip(chunk, responses)
+                    for i, text in enumerate(texts)]
+            _write_rows(path, None, rows, "a")
+            bar.update(len(chunk))
+        bar.close()
+    finally:
+        del model
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+# --------------------------------------------------------------------------------------------------
+# verification
+
+
+@dataclass
+class VerificationOutcome:
+    records: list[TaskRecord]
+    skipped_tasks: list[SkippedTask] = field(default_factory=list)
+    skipped_rows: list[str] = field(default_factory=list)
+    failed_samples: int = 0  # rows with no usable response, counted as failed samples
+
+
+def resolve_device(device: Optional[str], verifier_cfg) -> str:
+    choice = device or verifier_cfg.device
+    if choice == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
+
+
+def reference_failure(result) -> Optional[str]:
+    """The reason a verdict says the task's own reference could not run, else None.
+
+    The verifier marks such verdicts with ``details["problem_error"]`` and an error "problem: ...".
+    It only prepares the reference for candidates that pass the static check, so a broken task whose
+    candidates all fail earlier is not detected and is scored as failed samples.
+    """
+    if not (result.details or {}).get("problem_error"):
+        return None
+    error = result.error or "the task's reference failed to run"
+    return error[len("problem: "):] if error.startswith("problem: ") else error
+
+
+def verify_generations(tasks: Sequence[EvalTask], generations: GenerationsFile, verifier_cfg, device: str,
+                       *, every_task_expected: bool, progress: bool = True) -> VerificationOutcome:
+    """Judge every saved response with the verifier's batch API and group the verdicts per task.
+
+    Rows naming an unknown task are skipped and reported. A task whose reference fails to run is
+    moved to ``skipped_tasks`` and left out of every rate. With ``every_task_expected`` a task that has
+    no generation at all is skipped too (model mode); otherwise the task set is the one the
+    generations cover (``--from_generations`` with a larger tasks file).
+    """
+    from ..verify import VerifyRequest, verify_batch
+
+    by_id = {t.task_id: t for t in tasks}
+    outcome = VerificationOutcome(records=[])
+    unknown = Counter(row.task_id for row in generations.rows if row.task_id not in by_id)
+    for task_id, n in sorted(unknown.items()):
+        outcome.skipped_rows.append(f"unknown task id {task_id!r}: {n} generation row(s) skipped")
+    rows_by_task: dict[str, list[Generation]] = {}
+    for row in generations.rows:
+        if row.task_id in by_id:
+            rows_by_task.setdefault(row.task_id, []).append(row)
+
+    to_verify = [row for rows in rows_by_task.values() for row in rows if row.response is not None]
+    requests = [
+        VerifyRequest(problem_code=by_id[row.task_id].code, candidate_text=row.response,
+                      label=f"{row.task_id}#{row.sample}")
+        for row in to_verify
+    ]
+    try:
+        results = verify_batch(requests, verifier_cfg, device=device, progress=progress) if requests else []
+    except Exception as exc:  # the verifier itself broke: nothing was judged
+        raise VerificationError(f"the verifier could not run: {type(exc).__name__}: {exc}") from exc
+    if len(results) != len(requests):
+        raise VerificationError(f"the verifier returned {len(results)} verdicts for {len(requests)} requests")
+    verdicts = {(row.task_id, row.sample): result for row, result in zip(to_verify, results)}
+
+    for task in tasks:
+        rows = sorted(rows_by_task.get(task.task_id, []), key=lambda r: r.sample)
+        if not rows:
+            if every_task_expected:
+                outcome.skipped_tasks.append(SkippedTask(task.task_id, "no generation was saved for this task"))
+            continue
+        judged = [verdicts[(row.task_id, row.sample)] for row in rows if (row.task_id, row.sample) in verdicts]
+        failure = next((reason for result in judged if (reason := reference_failure(result))), None)
+        if failure is not None:
+            outcome.skipped_tasks.append(SkippedTask(task.task_id, f"reference failed to run: {failure}"))
+            continue
+        record = TaskRecord(task_id=task.task_id, level=task.level, name=task.name)
+        for row in rows:
+            if row.response is None:
+                record.samples.append(SampleRecord.failed(row.sample, row.problem or "no response"))
+                outcome.failed_samples += 1
+            else:
+                record.samples.append(SampleRecord.from_verify_result(row.sample, verdicts[(row.task_id, row.sample)]))
+        outcome.records.append(record)
+    return outcome
+
+
+# --------------------------------------------------------------------------------------------------
+# report
+
+
+def timing_status(device: str, verifier_cfg, records: Sequence[TaskRecord]) -> tuple[bool, Optional[str]]:
+    """Whether speedups were measured, and if not, why (so fast_p is null, never a fake 0)."""
+    measured = any(s.speedup is not None for t in records for s in t.samples)
+    if measured or (device == "cuda" and verifier_cfg.enable_calibrated_timing):
+        return True, None
+    if device != "cuda":
+        return False, f"no timing on {device}: Triton ran in the interpreter, which is not timed"
+    return False, "timing disabled (verifier.enable_calibrated_timing is false)"
+
+
+def build_report(*, name: str, model_path: Optional[str], tasks_file: Path, generations_file: Path,
+                 generations_header: Optional[dict], device: str, verifier_cfg, outcome: VerificationOutcome,
+                 input_issues: Sequence[str], config_source: Optional[str]) -> dict[str, Any]:
+    timing, reason = timing_status(device, verifier_cfg, outcome.records)
+    skipped_rows = [*input_issues, *outcome.skipped_rows]
+    report = {
+        "report_version": REPORT_VERSION,
+        "name": name,
+        "model_path": model_path,
+        "config": config_source,
+        "tasks_file": str(tasks_file),
+        "generations_file": str(generations_file),
+        "generation": generations_header,
+        "verification": {"device": device, "timing": timing, "no_timing_reason": reason},
+        "created_unix": time.time(),
+        "metrics": compute_metrics(outcome.records, timing, reason or "no timing was measured"),
+        "skipped_tasks": [asdict(s) for s in outcome.skipped_tasks],
+        "skipped_rows": skipped_rows,
+        "failed_samples_without_response": outcome.failed_samples,
+        "tasks": [r.to_dict() for r in outcome.records],
+    }
+    report["complete"] = not report["skipped_tasks"] and not skipped_rows
+    return report
