@@ -1,0 +1,68 @@
+"""Every correct KernelBench solution in tests/fixtures/candidates/kernelbench/ must pass the
+verifier's whole CPU funnel: correct, stage ``full``, reward ``reward_full_correct`` (0.7), no flags.
+
+The solutions are real Triton kernels run in the interpreter on the verifier's shrunk and varied
+shapes; problems are read from the shared KernelBench JSONL, never copied. One ``verify_batch`` call
+judges them all (in parallel); each solution is then its own test.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_CATALOG_PATH = Path(__file__).resolve().parent / "fixtures" / "candidates" / "catalog.py"
+if "candidate_catalog" not in sys.modules:  # the fixtures folder is data, not a package
+    _spec = importlib.util.spec_from_file_location("candidate_catalog", _CATALOG_PATH)
+    sys.modules["candidate_catalog"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["candidate_catalog"])
+catalog = sys.modules["candidate_catalog"]
+
+SOLUTIONS = catalog.load_folder("kernelbench", require_expectation=False)
+SOLUTION_NAMES = [solution.name for solution in SOLUTIONS]
+
+
+@pytest.fixture(scope="module")
+def verifier_config():
+    from extensions.config import VerifierConfig
+
+    return VerifierConfig()
+
+
+@pytest.fixture(scope="module")
+def solution_results(kernelbench_jsonl, verifier_config):
+    from extensions.verify import VerifyRequest, verify_batch
+
+    problems = catalog.load_problems(kernelbench_jsonl, {s.problem_key for s in SOLUTIONS})
+    requests = [VerifyRequest(problems[s.problem_key]["code"], s.text, label=s.name) for s in SOLUTIONS]
+    results = verify_batch(requests, verifier_config, device="cpu", progress=False)
+    assert [r.candidate for r in results] == SOLUTION_NAMES, "verify_batch must keep request order"
+    return dict(zip(SOLUTION_NAMES, results))
+
+
+def test_solution_set_covers_the_required_mix():
+    levels = [s.level for s in SOLUTIONS]
+    assert len(SOLUTIONS) >= 10
+    assert levels.count(2) >= 3, "at least three level-2 fusion chains"
+    for solution in SOLUTIONS:
+        assert "@triton.jit" in solution.text, solution.name
+
+
+@pytest.mark.parametrize("name", SOLUTION_NAMES)
+def test_solution_header_names_its_problem(name, kernelbench_jsonl):
+    solution = SOLUTIONS[SOLUTION_NAMES.index(name)]
+    row = catalog.load_problems(kernelbench_jsonl, {solution.problem_key})[solution.problem_key]
+    assert row["name"] == solution.problem_name
+
+
+@pytest.mark.parametrize("name", SOLUTION_NAMES)
+def test_solution_passes_full_funnel(name, solution_results, verifier_config):
+    result = solution_results[name]
+    assert result.correct, f"{name}: rejected at stage {result.stage}: {result.error} flags={result.flags}"
+    assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
+    assert result.reward == pytest.approx(verifier_config.reward_full_correct)
+    assert result.flags == [], f"{name}: false-positive flags {result.flags}"
+    assert result.speedup is None  # no timing on CPU
+    assert result.isolation in ("bwrap", "process")
