@@ -80,3 +80,33 @@ class SaveSignal:
     def wait_saved(self, timeout: float) -> bool:
         """For the watcher in the same process: block until the loop acknowledged the save."""
         return self._saved.wait(timeout)
+
+    @property
+    def ack_path(self) -> Path:
+        return self.flag_path.with_name("save_done.json")
+
+    def wait_acknowledged(self, since: float, timeout: float, poll_s: float = 0.1) -> Optional[dict]:
+        """For a watcher in another process: the acknowledgement written after ``since``, or None."""
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            try:
+                ack = json.loads(self.ack_path.read_text())
+                if float(ack.get("time", 0)) >= since:
+                    return ack
+            except (OSError, ValueError, TypeError):
+                pass
+            if self._saved.is_set():
+                return {"checkpoint": None, "time": time.time()}
+            if time.monotonic() >= end:
+                return None
+            time.sleep(poll_s)
+
+    def clear_request(self) -> bool:
+        """Drop a request nobody served (a flag left by an interrupted run); True if one existed."""
+        self._save.clear()
+        self._stop.clear()
+        try:
+            self.flag_path.unlink()
+            return True
+        except FileNotFoundError:
+            return False

@@ -1,0 +1,144 @@
+"""The actions behind checkpoint_manager.py and resume_training.py, one function each.
+
+Each returns a process exit status: 0 when it did its job, 1 when something is left undone (the
+report says what), so run_pipeline.sh can tell a finished sync from a partial one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+from ..interrupt import SaveSignal
+from ..paths import RunPaths
+from .location import S3Location, location_from_config, make_s3_client
+from .run_state import ResumePlan
+
+log = logging.getLogger(__name__)
+
+BUCKET_ENV = "KERNEL_RL_BUCKET"
+
+
+def resolve_location(cfg, bucket: Optional[str], prefix: Optional[str], run_id: Optional[str]) -> Optional[S3Location]:
+    """The run's S3 location, or None when no bucket is given anywhere (flag, config, environment)."""
+    bucket = bucket or cfg.checkpoint.bucket or os.environ.get(BUCKET_ENV) or None
+    if not bucket:
+        return None
+    return location_from_config(cfg, bucket=bucket, prefix=prefix, run_id=run_id)
+
+
+def setup(cfg, location: S3Location) -> int:
+    from .bucket_setup import setup_bucket
+
+    client = make_s3_client(cfg.checkpoint)
+    for line in setup_bucket(client, location.bucket, cfg.checkpoint.noncurrent_version_days):
+        print(f"setup: {line}")
+    print(f"run mirror: {location.uri}")
+    return 0
+
+
+def sync(cfg, paths: RunPaths, location: S3Location) -> int:
+    from .s3_sync import CheckpointManager
+
+    report = CheckpointManager(cfg.checkpoint, paths, location, progress=sys.stderr.isatty()).sync_once()
+    print(f"{paths.root} -> {location.uri}: {report.summary()}")
+    return 0 if report.ok else 1
+
+
+def restore(cfg, paths: RunPaths, location: S3Location) -> int:
+    from .restore import Restorer
+
+    report = Restorer(cfg.checkpoint, paths, location, progress=sys.stderr.isatty()).restore()
+    print(f"{location.uri} -> {paths.root}: {report.summary()}")
+    for line in report.checkpoints_incomplete:
+        print(f"  skipped {line}")
+    for line in report.failed:
+        print(f"  FAILED {line}")
+    return 0 if report.ok else 1
+
+
+def list_checkpoints(cfg, location: S3Location) -> int:
+    from .restore import Restorer, format_checkpoint_table
+
+    restorer = Restorer(cfg.checkpoint, RunPaths(Path(".").resolve()), location)
+    print(f"{location.uri}")
+    print(format_checkpoint_table(restorer.checkpoints()))
+    return 0
+
+
+def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent: bool = False) -> int:
+    """Sync every sync_interval_s and watch for spot notices until SIGINT (stop, final sync) or
+    SIGTERM (the machine is going down: save request unless a notice was already handled, then an
+    emergency sync). With ``exit_with_parent`` it also stops (final sync) once the process that
+    started it is gone, so a SIGKILLed run_pipeline.sh leaves no watcher behind."""
+    from .s3_sync import CheckpointManager
+    from .spot_watcher import ImdsClient, InterruptionHandler, SpotNotice, SpotWatcher, interruption_report_path
+
+    settings = cfg.checkpoint
+    save_signal = SaveSignal.for_run(paths)
+    if save_signal.clear_request():
+        log.info("cleared a save request left by an earlier, interrupted run")
+    manager = CheckpointManager(settings, paths, location) if location is not None else None
+    handler = InterruptionHandler(save_signal, manager, settings, interruption_report_path(paths))
+    watcher = SpotWatcher(ImdsClient(settings.metadata_endpoint), settings.spot_poll_interval_s,
+                          handler.handle, settings.notice_deadline_s)
+    received: list[int] = []
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if manager is not None:
+        manager.start()
+    watcher.start()
+    log.info("watching %s (spot notices from %s every %.0f s)%s", paths.root, settings.metadata_endpoint,
+             settings.spot_poll_interval_s, f", syncing to {location.uri}" if location else ", no S3 sync")
+    parent = os.getppid()
+    while not stop.wait(0.5):
+        if exit_with_parent and os.getppid() != parent:
+            log.warning("the process that started this watcher is gone: stopping")
+            break
+    watcher.stop(timeout=5)
+    if received and received[0] == signal.SIGTERM:
+        if manager is not None:
+            manager.stop(final_sync=False)
+        if handler.reports and manager is not None:
+            report = manager.emergency_sync(deadline_unix=handler.reports[-1].deadline_unix)
+            log.warning("SIGTERM after a handled notice: %s", report.summary())
+            return 0 if report.ok else 1
+        outcome = handler.handle(SpotNotice.from_signal("sigterm", settings.notice_deadline_s))
+        return 0 if outcome.sync_ok or manager is None else 1
+    if manager is None:
+        return 0
+    final = manager.stop(final_sync=True)
+    log.info("final %s", final.summary())
+    return 0 if final.ok else 1
+
+
+def execute_plan(plan: ResumePlan, paths: RunPaths) -> int:
+    """Run the remaining stages in order; the last one replaces this process (signals reach it)."""
+    from .run_state import read_run_state
+
+    for stage, command in zip(plan.stages[:-1], plan.commands[:-1]):
+        print(f"[resume] stage {stage}: {' '.join(command)}", flush=True)
+        code = subprocess.call(command)
+        if code != 0:
+            print(f"[resume] stage {stage} failed with exit code {code}", file=sys.stderr)
+            return code
+        if not read_run_state(paths).done(stage):
+            print(f"[resume] stage {stage} exited 0 but its output is not complete (stopped by a save "
+                  "request?); run resume_training.py again to continue", file=sys.stderr)
+            return 3
+    print(f"[resume] stage {plan.stages[-1]}: {' '.join(plan.commands[-1])}", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(plan.commands[-1][0], plan.commands[-1])
+    return 0  # not reached

@@ -1,0 +1,64 @@
+"""Exponential backoff for S3 calls, and telling "the endpoint is gone" from "this call failed"."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# Errors no retry can fix: report them at once instead of backing off for minutes.
+_PERMANENT_CODES = (
+    "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName",
+    "AllAccessDisabled", "ExpiredToken", "InvalidToken",
+)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when the endpoint could not be reached at all (refused, reset, timed out, DNS)."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    for err in _chain(exc):
+        if isinstance(err, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError)):
+            return True
+        text = str(err)
+        if "Could not connect to the endpoint" in text or "Connection was closed" in text:
+            return True
+    return False
+
+
+def is_permanent(exc: BaseException) -> bool:
+    for err in _chain(exc):
+        code = getattr(err, "response", {}).get("Error", {}).get("Code") if hasattr(err, "response") else None
+        if code in _PERMANENT_CODES:
+            return True
+        if any(name in str(err) for name in _PERMANENT_CODES):
+            return True
+    return False
+
+
+def with_backoff(call: Callable[[], T], *, what: str, attempts: int, base_s: float, cap_s: float,
+                 should_stop: Callable[[], bool] = lambda: False) -> T:
+    """Run ``call``; on a transient failure wait base, 2*base, 4*base ... (capped, jittered) and retry."""
+    attempts = max(1, attempts)
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - boto3 raises many unrelated types
+            if is_permanent(exc) or attempt == attempts or should_stop():
+                raise
+            delay = min(cap_s, base_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            log.debug("%s failed (attempt %d/%d: %s); retrying in %.2f s", what, attempt, attempts, exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,312 @@
+"""resume_training.py: plans from run state, and a run SIGKILLed at a random moment that resumes from
+its last complete checkpoint (locally or from S3) and ends exactly where an uninterrupted run ends.
+
+The stage scripts are small stand-ins (written to a temporary directory) that keep a deterministic
+hash-chain state, save checkpoints with extensions.checkpoints and resume from newest_complete, as
+the real train_integrated.py does; these tests do not depend on the real stages."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+from extensions import checkpoints as ck
+from extensions.cloud.location import S3Location
+from extensions.cloud.run_state import plan_resume, prepared_files, read_run_state
+from extensions.cloud.s3_sync import CheckpointManager
+from extensions.config import load_config
+from extensions.paths import RunPaths
+
+from test_s3_sync import PROJECT_ROOT, free_port, moto_server, s3  # noqa: F401
+
+FAKE_COMMON = r'''
+import argparse, hashlib, json, os, sys, time
+from extensions import checkpoints as ck
+from extensions.config import add_config_args, config_from_args
+from extensions.interrupt import SaveSignal
+from extensions.paths import RunPaths
+
+def setup(stage_flag=False, compare_flag=False):
+    parser = argparse.ArgumentParser()
+    if stage_flag:
+        parser.add_argument("--stage", required=True, choices=["sft", "rl", "all"])
+    if compare_flag:
+        parser.add_argument("--compare", action="store_true")
+    add_config_args(parser)
+    args = parser.parse_args()
+    cfg = config_from_args(args)
+    return args, cfg, RunPaths.from_config(cfg)
+
+def maybe_fail(stage):
+    if os.environ.get("FAKE_FAIL_STAGE") == stage:
+        print(f"fake {stage}: failing on purpose", flush=True)
+        sys.exit(7)
+
+def note(paths, text):
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    with open(paths.logs / "fake_stages.log", "a") as handle:
+        handle.write(text + "\n")
+'''
+
+FAKE_PREPARE = FAKE_COMMON + r'''
+args, cfg, paths = setup()
+maybe_fail("prepare")
+note(paths, "prepare")
+paths.processed.mkdir(parents=True, exist_ok=True)
+for path in (paths.sft_train, paths.sft_val, paths.difficulty_labels, paths.rl_tasks, paths.eval_tasks):
+    path.write_text(json.dumps({"file": path.name}) + "\n")
+paths.prepare_report.write_text(json.dumps({"kept": 5}) + "\n")
+'''
+
+FAKE_TRAINER = FAKE_COMMON + r'''
+STEP_S = float(os.environ.get("FAKE_STEP_S", "0.03"))
+
+def advance(state, i):
+    return hashlib.sha256(f"{state}:{i}".encode()).hexdigest()
+
+def save(directory, stage, state, index, cfg):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "state.json").write_text(json.dumps({"state": state, "index": index}))
+    with open(directory / "adapter_model.bin", "wb") as handle:  # slow enough to be killed mid-write
+        for j in range(16):
+            handle.write(hashlib.sha256(f"{state}{j}".encode()).digest() * 2048)
+            handle.flush()
+            time.sleep(0.002)
+    ck.write_meta(directory, stage=stage, config=cfg.source, base_model="fake", data="fake",
+                  step=index if stage == "sft" else None, round_index=index if stage == "rl" else None)
+    ck.finalize(directory)
+
+def train(stage, cfg, paths, save_signal):
+    stage_dir = paths.stage_dir(stage)
+    total = cfg.sft.max_steps if stage == "sft" else cfg.rl.num_rounds
+    every = cfg.sft.save_every_steps if stage == "sft" else 1
+    newest = ck.newest_complete(stage_dir)
+    if newest is not None:
+        data = json.loads((newest / "state.json").read_text())
+        state, start = data["state"], data["index"]
+        note(paths, f"{stage} resumed from {start}")
+    elif stage == "rl":
+        state, start = json.loads((paths.final("sft") / "state.json").read_text())["state"], 0
+    else:
+        state, start = "seed", 0
+    print(f"fake {stage}: from {start} to {total}", flush=True)
+    for i in range(start + 1, total + 1):
+        time.sleep(STEP_S)
+        state = advance(state, i)
+        requested = save_signal.save_requested()
+        if i % every == 0 or i == total or requested:
+            target = paths.sft_checkpoint(i) if stage == "sft" else paths.rl_round(i)
+            save(target, stage, state, i, cfg)
+            ck.prune(stage_dir, cfg.sft.keep_last_checkpoints)
+            print(f"fake {stage}: saved {target.name}", flush=True)
+            if requested:
+                save_signal.acknowledge(target)
+                if save_signal.stop_requested():
+                    print(f"fake {stage}: stopping on request", flush=True)
+                    return False
+    ck.copy_checkpoint(ck.newest_complete(stage_dir), paths.final(stage))
+    return True
+
+args, cfg, paths = setup(stage_flag=True)
+maybe_fail(args.stage)
+save_signal = SaveSignal.for_run(paths)
+save_signal.install_signal_handlers()
+for stage in (["sft", "rl"] if args.stage == "all" else [args.stage]):
+    if ck.is_complete(paths.final(stage)):
+        continue
+    note(paths, f"{stage} started")
+    if not train(stage, cfg, paths, save_signal):
+        sys.exit(0)
+'''
+
+FAKE_EVALUATE = FAKE_COMMON + r'''
+args, cfg, paths = setup(compare_flag=True)
+maybe_fail("eval")
+note(paths, "eval")
+state = json.loads((paths.final("rl") / "state.json").read_text())
+paths.outputs.mkdir(parents=True, exist_ok=True)
+paths.compare_md.write_text("| model | score |\n")
+paths.compare_json.write_text(json.dumps({"rl_state": state}) + "\n")
+'''
+
+
+def write_fake_stages(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prepare_data.py").write_text(FAKE_PREPARE)
+    (directory / "train_integrated.py").write_text(FAKE_TRAINER)
+    (directory / "evaluate.py").write_text(FAKE_EVALUATE)
+    return directory
+
+
+def write_config(path: Path, root: Path, run_id: str = "fake-run", **sections) -> Path:
+    text = f"""
+run: {{root: "{root}", run_id: {run_id}}}
+sft: {{max_steps: 12, save_every_steps: 2, keep_last_checkpoints: 2}}
+rl: {{num_rounds: 4}}
+checkpoint: {{prefix: runs, sync_interval_s: 0.5, spot_poll_interval_s: 0.2, metadata_endpoint: "http://127.0.0.1:{free_port()}",
+             multipart_chunk_mb: 5, retry_backoff_s: 0.01, retry_backoff_max_s: 0.05, max_retries: 2,
+             save_ack_timeout_s: 1}}
+"""
+    for section, body in sections.items():
+        text += f"{section}: {body}\n"
+    path.write_text(text)
+    return path
+
+
+def stage_env(scripts: Path) -> dict:
+    return {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "KERNEL_RL_SCRIPTS_DIR": str(scripts),
+            "PYTHON": sys.executable}
+
+
+def resume(config: Path, scripts: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PROJECT_ROOT / "resume_training.py"), "--config", str(config), *extra],
+                          env=stage_env(scripts), capture_output=True, text=True, timeout=timeout)
+
+
+def final_states(paths: RunPaths) -> dict:
+    return {stage: json.loads((paths.final(stage) / "state.json").read_text()) for stage in ("sft", "rl")}
+
+
+def test_plan_follows_the_newest_complete_checkpoint(tmp_path):
+    paths = RunPaths(tmp_path / "run")
+    scripts = tmp_path / "scripts"
+    plan = plan_resume(paths, "python", scripts, ["--config", "c.yaml"])
+    assert plan.stages == ["prepare", "sft", "rl", "eval"]
+    assert plan.commands[1] == ["python", str(scripts / "train_integrated.py"), "--stage", "sft", "--config", "c.yaml"]
+
+    for path in prepared_files(paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
+    for step in (2, 4):
+        directory = paths.sft_checkpoint(step)
+        directory.mkdir(parents=True)
+        ck.write_meta(directory, stage="sft", config="c.yaml", base_model="m", data="d", step=step)
+        ck.finalize(directory)
+    partial = paths.sft_checkpoint(6)
+    partial.mkdir()
+    ck.write_meta(partial, stage="sft", config="c.yaml", base_model="m", data="d", step=6)  # no manifest
+    plan = plan_resume(paths, "python", scripts, [])
+    assert plan.stages == ["sft", "rl", "eval"]
+    assert plan.resume_from == paths.sft_checkpoint(4) and plan.position == "SFT from step 4"
+
+    ck.copy_checkpoint(paths.sft_checkpoint(4), paths.final("sft"))
+    assert plan_resume(paths, "python", scripts, []).position == "RL from round 0 (on sft/final)"
+
+
+def test_finished_run_is_left_alone(tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run")
+    paths = RunPaths(tmp_path / "run")
+    for stage in ("sft", "rl"):
+        directory = paths.final(stage)
+        directory.mkdir(parents=True)
+        ck.write_meta(directory, stage=stage, config="c", base_model="m", data="d")
+        ck.finalize(directory)
+    for path in prepared_files(paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
+    paths.outputs.mkdir()
+    paths.compare_json.write_text("{}\n")
+    result = resume(config, scripts)
+    assert result.returncode == 0, result.stderr
+    assert "is finished" in result.stdout and "nothing to do" in result.stdout
+    assert not paths.logs.exists()  # no stage ran
+
+
+def _kill_at_random_moment(config: Path, scripts: Path, paths: RunPaths, rng: random.Random) -> int:
+    """Start the pipeline's stages via resume_training.py and SIGKILL them at a random moment."""
+    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "resume_training.py"), "--config", str(config)],
+                            env=stage_env(scripts), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        end = time.time() + 60
+        while time.time() < end and not paths.sft_checkpoint(2).exists():
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.6))  # somewhere in SFT or RL: mid-step, mid-save, mid-copy
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+def test_sigkill_at_random_moment_resumes_to_the_uninterrupted_result(tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    reference = RunPaths(tmp_path / "reference")
+    result = resume(write_config(tmp_path / "reference.yaml", reference.root), scripts)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = final_states(reference)
+    assert expected["rl"]["index"] == 4 and json.loads(reference.compare_json.read_text())["rl_state"] == expected["rl"]
+
+    seed = int(os.environ.get("RESUME_TEST_SEED", time.time_ns() % 10_000))
+    rng = random.Random(seed)
+    for attempt in range(2):
+        paths = RunPaths(tmp_path / f"killed-{attempt}")
+        config = write_config(tmp_path / f"killed-{attempt}.yaml", paths.root)
+        assert _kill_at_random_moment(config, scripts, paths, rng) == -signal.SIGKILL
+        state = read_run_state(paths)
+        assert not state.evaluated, f"seed {seed}: the kill came after the run finished"
+        stage = state.next_stage
+        newest = {"sft": state.newest_sft, "rl": state.newest_rl}.get(stage)
+        index = json.loads((newest / "state.json").read_text())["index"] if newest else None
+        result = resume(config, scripts)
+        assert result.returncode == 0, f"seed {seed}: {result.stdout}{result.stderr}"
+        assert final_states(paths) == expected, f"seed {seed}"
+        assert json.loads(paths.compare_json.read_text())["rl_state"] == expected["rl"]
+        if newest is not None:  # killed mid-stage after a checkpoint: it must continue from that one
+            log = (paths.logs / "fake_stages.log").read_text()
+            assert f"{stage} resumed from {index}" in log, f"seed {seed}: did not resume from {newest}\n{log}"
+
+
+def test_resume_restores_from_s3_then_continues(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    reference = RunPaths(tmp_path / "reference")
+    assert resume(write_config(tmp_path / "reference.yaml", reference.root), scripts).returncode == 0
+    expected = final_states(reference)
+
+    # A machine that got as far as RL round 2 (round 3 half-written) and mirrored itself, then vanished.
+    lost = RunPaths(tmp_path / "lost")
+    lost_config = write_config(tmp_path / "lost.yaml", lost.root, run_id="spot-run", rl="{num_rounds: 2}")
+    assert resume(lost_config, scripts).returncode == 0
+    (lost.final("rl") / "manifest.json").unlink()  # as if killed before rl/final was sealed
+    lost.compare_json.unlink()
+    partial = lost.rl_round(3)
+    partial.mkdir()
+    (partial / "adapter_model.bin").write_bytes(b"half")
+    cfg = load_config(lost_config)
+    location = S3Location(s3["bucket"], "runs", "spot-run")
+    assert CheckpointManager(cfg.checkpoint, lost, location).sync_once().ok
+
+    fresh = RunPaths(tmp_path / "fresh")
+    config = write_config(tmp_path / "fresh.yaml", fresh.root, run_id="spot-run")
+    dry = resume(config, scripts, "--bucket", s3["bucket"], "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "rl     round-002" in dry.stdout and not fresh.root.exists()  # dry run: listed, nothing fetched
+
+    result = resume(config, scripts, "--bucket", s3["bucket"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RL after round 2" in result.stdout
+    assert final_states(fresh) == expected
+    lost_log = (lost.logs / "fake_stages.log").read_text().splitlines()
+    fresh_log = (fresh.logs / "fake_stages.log").read_text().splitlines()  # restored, then appended to
+    assert fresh_log == lost_log + ["rl started", "rl resumed from 2", "eval"]
+
+
+def test_training_stages_use_the_configured_launcher(tmp_path, monkeypatch):
+    from extensions.cloud.run_state import LAUNCHER_ENV, visible_gpus
+
+    monkeypatch.setenv(LAUNCHER_ENV, "accelerate launch --num_processes 8")
+    plan = plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, ["--config", "c.yaml"])
+    assert plan.commands[0][:2] == ["python", str(tmp_path / "prepare_data.py")]
+    assert plan.commands[1][:5] == ["accelerate", "launch", "--num_processes", "8", str(tmp_path / "train_integrated.py")]
+    assert plan.commands[3][0] == "python"
+    monkeypatch.delenv(LAUNCHER_ENV)
+    if visible_gpus() <= 1:  # one GPU or none: the plain interpreter
+        assert plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, []).commands[1][0] == "python"
