@@ -31,10 +31,8 @@ ALL_LABELS = [f"cheats/{n}" for n in CHEAT_NAMES] + [f"wrong/{n}" for n in WRONG
 
 # Open holes in the verifier that a fixture demonstrates: the test is a strict xfail, so it turns
 # into a failure (and this entry must go) as soon as the verifier catches the trick.
-KNOWN_GAPS = {
-    "python_scalar_compute.py": "forward computes in Python on x.tolist() and rebuilds the output with "
-                                "torch.tensor: every call is on the allow-list and a decoy kernel launches",
-}
+# Cheats the verifier is known to accept, each a strict xfail so the entry must go once it is caught.
+KNOWN_GAPS: dict[str, str] = {}
 CHEAT_PARAMS = [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"known verifier gap: {KNOWN_GAPS[name]}"))
     if name in KNOWN_GAPS else name

@@ -113,9 +113,12 @@ class RLConfig:
 class VerifierConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = 120.0
-    workers: int = 0  # 0: one per CPU core (CPU) or per GPU (CUDA)
+    workers: int = 0  # 0: one per CPU core (CPU) or two per GPU (CUDA; timing is still one at a time)
     max_output_bytes: int = 65536
     isolation: Literal["auto", "bwrap", "process"] = "auto"
+    # Start each slot's next worker (imports done, no candidate yet) while the current one runs;
+    # used on GPUs and where CPU cores are left over. Every worker still judges one candidate only.
+    prespawn_workers: bool = True
     # multi-input correctness
     enable_multi_input: bool = True
     multi_input_num_tests: int = 5

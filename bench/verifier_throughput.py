@@ -1,0 +1,268 @@
+"""Verifier throughput: candidates per minute through ``verify_batch`` against a KernelBench-style
+baseline that starts one fresh Python process per candidate which imports, builds, runs and checks
+everything itself (how KernelBench's eval_from_generations judges a generation).
+
+The batch is built from a few KernelBench level-1 elementwise problems and mixes what a policy
+model produces: unparsable answers, static-check failures (PyTorch in forward), compile failures,
+wrong kernels, correct kernels and duplicates of them (as raw markdown responses).
+
+    python bench/verifier_throughput.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl
+    python bench/verifier_throughput.py --kernelbench PATH --device cpu --copies 1 --set verifier.multi_input_num_tests=2
+
+Prints one markdown table. Both sides judge the same problem sizes (the verifier's
+``cpu_max_input_numel`` / ``cuda_max_input_numel`` shrink, applied to the baseline's problems too).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PROJECT_ROOT))
+
+# problem_id -> the Triton expression of the elementwise op (x is the loaded block)
+ELEMENTWISE = {
+    19: "tl.maximum(x, 0.0)",
+    21: "1.0 / (1.0 + tl.exp(-x))",
+    25: "x / (1.0 + tl.exp(-x))",
+    30: "x / (1.0 + tl.abs(x))",
+}
+
+KERNEL_TEMPLATE = '''import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+{extra_import}
+
+@triton.jit
+def elementwise_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, {expr}, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        elementwise_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+        return {ret}
+'''
+
+
+def mixed_candidates(expr: str) -> dict[str, str]:
+    correct = KERNEL_TEMPLATE.format(extra_import="", expr=expr, ret="y")
+    return {
+        "unparsable": "I am not sure how to write this kernel, sorry.",
+        "static_fail": KERNEL_TEMPLATE.format(extra_import="", expr=expr, ret="torch.relu(y) * 1.0 + torch.sigmoid(x) * 0.0"),
+        "compile_fail": KERNEL_TEMPLATE.format(extra_import="from triton.language import not_a_builtin", expr=expr, ret="y"),
+        "wrong": KERNEL_TEMPLATE.format(extra_import="", expr="x", ret="y"),
+        "correct": correct,
+        "duplicate": "Here is the kernel:\n\n```python\n" + correct + "```\n",
+    }
+
+
+def load_problems(path: str, ids: list[int]) -> dict[int, str]:
+    rows = {}
+    with open(path) as fh:
+        for line in fh:
+            row = json.loads(line)
+            if row.get("level") == 1 and row.get("problem_id") in ids:
+                rows[row["problem_id"]] = row["code"]
+    missing = sorted(set(ids) - set(rows))
+    if missing:
+        raise SystemExit(f"problems {missing} of level 1 not found in {path}")
+    return rows
+
+
+def shrunk_source(code: str, config, device: str) -> str:
+    """The problem at the sizes the verifier uses, so the baseline does the same work."""
+    from extensions.verify.problem_constants import rewrite_constants
+    from extensions.verify.reference_worker import shrink_to_cap
+
+    cap = config.cpu_max_input_numel if device == "cpu" else config.cuda_max_input_numel
+    values, _ = shrink_to_cap(code, cap)
+    return rewrite_constants(code, values)
+
+
+# -- baseline: one fresh process per candidate ---------------------------------------------------
+
+BASELINE_TRIALS = 5
+
+
+def baseline_worker(job_dir: str) -> None:
+    """Runs in the fresh process: extract, import, build, check ``BASELINE_TRIALS`` seeds, time."""
+    import importlib.util
+
+    from extensions.verify.extract import extract_code
+    from extensions.verify.reference_worker import load_problem
+
+    job = json.loads(Path(job_dir, "job.json").read_text())
+    verdict = {"correct": False, "error": None, "speedup": None}
+    try:
+        import torch
+
+        extraction = extract_code(Path(job_dir, "response.txt").read_text())
+        if extraction.code is None:
+            raise ValueError(f"extract: {extraction.error}")
+        Path(job_dir, "candidate.py").write_text(extraction.code)
+        problem = load_problem(Path(job_dir, "problem.py").read_text())
+        spec = importlib.util.spec_from_file_location("candidate", Path(job_dir, "candidate.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        device = job["device"]
+        torch.manual_seed(42)
+        init = problem.get_init_inputs()
+        torch.manual_seed(42)
+        reference = problem.Model(*init).to(device)
+        torch.manual_seed(42)
+        candidate = module.ModelNew(*init).to(device)
+        correct = True
+        with torch.no_grad():
+            for trial in range(BASELINE_TRIALS):
+                torch.manual_seed(42 + trial)
+                inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in problem.get_inputs()]
+                if not torch.allclose(candidate(*inputs), reference(*inputs), atol=1e-2, rtol=1e-2):
+                    correct = False
+                    break
+            verdict["correct"] = correct
+            if correct and device == "cuda":
+                verdict["speedup"] = _event_speedup(reference, candidate, inputs)
+    except BaseException as exc:  # noqa: BLE001 - the verdict is the output
+        verdict["error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+    print(json.dumps(verdict))
+
+
+def _event_speedup(reference, candidate, inputs, trials: int = 50) -> float:
+    import torch
+
+    def timed(model) -> float:
+        for _ in range(5):
+            model(*inputs)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(trials):
+            model(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / trials
+
+    return timed(reference) / timed(candidate)
+
+
+def run_baseline(batch: list[tuple[str, str, str]], device: str, workers: int, timeout_s: float) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HF_"))}
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+
+    def one(item: tuple[str, str, str]) -> dict:
+        _label, problem, response = item
+        with tempfile.TemporaryDirectory(prefix="baseline-") as job_dir:
+            Path(job_dir, "problem.py").write_text(problem)
+            Path(job_dir, "response.txt").write_text(response)
+            Path(job_dir, "job.json").write_text(json.dumps({"device": device}))
+            try:
+                done = subprocess.run([sys.executable, __file__, "--baseline-worker", job_dir], env=env,
+                                      capture_output=True, text=True, timeout=timeout_s)
+                lines = done.stdout.strip().splitlines()
+                return json.loads(lines[-1]) if lines else {"correct": False, "error": "no verdict"}
+            except (subprocess.TimeoutExpired, ValueError) as exc:
+                return {"correct": False, "error": type(exc).__name__}
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, batch))
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+def build_batch(problems: dict[int, str], copies: int) -> list[tuple[str, str, str]]:
+    batch = []
+    for copy in range(copies):
+        for pid, code in problems.items():
+            for kind, text in mixed_candidates(ELEMENTWISE[pid]).items():
+                batch.append((f"p{pid}/{kind}/{copy}", code, text))
+    return batch
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ["mode", "device", "candidates", "processes", "wall s", "candidates/min", "correct"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row[h]) for h in head) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from extensions.config import add_config_args, config_from_args
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernelbench", required=False, help="KernelBench JSONL (level, problem_id, code)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--problems", default=",".join(str(p) for p in ELEMENTWISE),
+                        help=f"level-1 problem ids among {sorted(ELEMENTWISE)}")
+    parser.add_argument("--copies", type=int, default=2, help="repeat the mixed batch (more duplicates)")
+    parser.add_argument("--workers", type=int, default=0, help="parallel workers for both sides (0: default)")
+    parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
+    add_config_args(parser)
+    args = parser.parse_args()
+    if args.baseline_worker:
+        baseline_worker(args.baseline_worker)
+        return
+    if not args.kernelbench:
+        parser.error("--kernelbench is required")
+
+    from extensions.verify import summarize_results, verify_batch, VerifyRequest
+
+    config = config_from_args(args).verifier
+    if args.workers:
+        config.workers = args.workers
+    ids = [int(p) for p in args.problems.split(",") if p.strip()]
+    unknown = sorted(set(ids) - set(ELEMENTWISE))
+    if unknown:
+        parser.error(f"no candidates written for problems {unknown}; choose among {sorted(ELEMENTWISE)}")
+    problems = {pid: shrunk_source(code, config, args.device)
+                for pid, code in load_problems(args.kernelbench, ids).items()}
+    batch = build_batch(problems, args.copies)
+    workers = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
+
+    started = time.monotonic()
+    results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config, device=args.device,
+                           progress=True)
+    verifier_s = time.monotonic() - started
+    summary = summarize_results(results)
+    rows = [{
+        "mode": "verify_batch (screen + dedupe + sandboxed workers)", "device": args.device,
+        "candidates": len(batch), "processes": len(problems) + summary["per_stage_reached"]["static"] - summary["cached"],
+        "wall s": f"{verifier_s:.1f}", "candidates/min": f"{60 * len(batch) / verifier_s:.1f}",
+        "correct": summary["correct"],
+    }]
+    if not args.skip_baseline:
+        started = time.monotonic()
+        verdicts = run_baseline(batch, args.device, workers, config.timeout_s)
+        baseline_s = time.monotonic() - started
+        rows.append({
+            "mode": "fresh process per candidate (KernelBench-style)", "device": args.device,
+            "candidates": len(batch), "processes": len(batch), "wall s": f"{baseline_s:.1f}",
+            "candidates/min": f"{60 * len(batch) / baseline_s:.1f}",
+            "correct": sum(1 for v in verdicts if v.get("correct")),
+        })
+    print(markdown_table(rows))
+    print(f"\nrejected early by the verifier: {json.dumps(summary['rejected_at'])}")
+
+
+if __name__ == "__main__":
+    main()

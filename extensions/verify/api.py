@@ -1,0 +1,343 @@
+"""The verifier's public API: ``verify_candidate``, ``verify_batch``, ``summarize_results``.
+
+The funnel, stopping at the first failure (``enable_staged_eval``):
+
+    extract -> static -> compile -> tiny -> full -> timing (CUDA)
+
+Extraction and the static check run here in the parent (cheap, no process), so unparsable and
+cheating candidates cost nothing. Identical normalised code for the same problem is judged once.
+Each problem's input sets and reference outputs are built once per batch by a trusted reference
+process (``reference_worker``); each surviving candidate then runs in its own sandboxed worker
+process (``worker``), which receives inputs, never expected outputs. The parent compares.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+from .result import STAGES, VerifyResult
+from .reward import compute_reward, is_cheating
+
+
+@dataclass
+class VerifyRequest:
+    problem_code: str  # KernelBench-style source: class Model, get_inputs, get_init_inputs
+    candidate_text: str  # plain Python or a raw model response
+    label: str = ""  # copied into VerifyResult.candidate
+
+
+class VerifierError(RuntimeError):
+    """The verifier itself cannot run (not a verdict on a candidate)."""
+
+
+def _verifier_config(config):
+    from ..config import VerifierConfig
+
+    if config is None:
+        return VerifierConfig()
+    return getattr(config, "verifier", config)  # a whole PipelineConfig is accepted too
+
+
+def resolve_device(device: Optional[str], config) -> str:
+    device = device or config.device
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise VerifierError(f"unknown device {device!r}; use cpu, cuda or auto")
+    return device
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# -- stage 1+2: extract and static check, in the parent ---------------------------------------
+
+@dataclass
+class _Screened:
+    index: int
+    label: str
+    code: Optional[str] = None
+    key: Optional[tuple[str, str]] = None
+    result: Optional[VerifyResult] = None  # set when rejected here
+    static_flags: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _call_static_check(code: str, config):
+    from .static_check import static_check
+
+    params = inspect.signature(static_check).parameters
+    kwargs = {}
+    if "allow_library_gemm" in params:
+        kwargs["allow_library_gemm"] = config.allow_library_gemm
+    if "config" in params:
+        kwargs["config"] = config
+    return static_check(code, **kwargs)
+
+
+def screen(index: int, request: VerifyRequest, config) -> _Screened:
+    from .extract import extract_code, normalize_code
+
+    label = request.label or f"candidate_{index}"
+    item = _Screened(index, label)
+    extraction = extract_code(request.candidate_text)
+    item.notes["extraction"] = {"method": extraction.method, "candidates_seen": extraction.candidates_seen}
+    if extraction.code is None:
+        item.result = VerifyResult(label, stage="none", reward=config.reward_static_fail,
+                                   error=f"extract: {extraction.error or 'no code found'}",
+                                   details=dict(item.notes))
+        return item
+    try:
+        report = _call_static_check(extraction.code, config)
+    except Exception as exc:  # noqa: BLE001 - a checker crash must not end the batch
+        report = None
+        static_error = f"static check crashed: {type(exc).__name__}: {str(exc)[:120]}"
+    flags = list(getattr(report, "flags", []) or [])
+    if report is None or not report.ok:
+        error = static_error if report is None else "; ".join(report.errors[:2]) or "static check failed"
+        item.result = VerifyResult(label, stage="extract", reward=config.reward_static_fail, flags=flags,
+                                   error=f"static: {error}"[:300], details=dict(item.notes))
+        return item
+    item.code = extraction.code
+    item.static_flags = flags
+    item.notes["static"] = {"kernel_names": list(getattr(report, "kernel_names", []) or []),
+                            "allowed_library_calls": list(getattr(report, "allowed_library_calls", []) or [])}
+    item.key = (_sha(request.problem_code), _sha(normalize_code(extraction.code)))
+    return item
+
+
+# -- the device pool ----------------------------------------------------------------------------
+
+class _DevicePool:
+    """Worker slots. On CUDA each slot is bound to a GPU (round robin) and several workers may share
+    a GPU for correctness; timing is serialised per GPU by ``extensions.timing.gpu_lease``."""
+
+    def __init__(self, device: str, workers: int):
+        self.device = device
+        self._free: list[Optional[int]]
+        if device == "cuda":
+            import torch
+
+            count = torch.cuda.device_count()
+            if count == 0:
+                raise VerifierError("device cuda requested but no CUDA device is visible")
+            slots = workers if workers > 0 else 2 * count
+            self._free = [i % count for i in range(slots)]
+        else:
+            slots = workers if workers > 0 else max(1, os.cpu_count() or 1)
+            self._free = [None] * slots
+        self.size = len(self._free)
+        self._cond = threading.Condition()
+        self.gates = {index: _GpuGate() for index in set(self._free) if index is not None}
+
+    def gate(self, index: Optional[int]) -> "_GpuGate":
+        return self.gates.get(index) or _NO_GATE
+
+    def acquire(self) -> Optional[int]:
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            return self._free.pop(0)
+
+    def release(self, index: Optional[int]) -> None:
+        with self._cond:
+            self._free.append(index)
+            self._cond.notify()
+
+
+class _GpuGate:
+    """Per-GPU readers/writer gate in this process: correctness runs share the GPU, a timing run
+    has it alone (writers first, so timing never starves)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def shared(self):
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self):
+        with self._cond:
+            self._writers_waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+_NO_GATE = _GpuGate()
+
+
+# -- the batch ----------------------------------------------------------------------------------
+
+def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Optional[str] = None,
+                 progress: bool = True) -> list[VerifyResult]:
+    """Judge every request; results in the same order. See the module docstring."""
+    from .judge import ProblemPreparer, WorkerLauncher, judge_candidate
+    from .sandbox import choose_isolation
+
+    config = _verifier_config(config)
+    device = resolve_device(device, config)
+    isolation = choose_isolation(config.isolation, device)
+    requests = list(requests)
+    screened = [screen(i, r, config) for i, r in enumerate(requests)]
+    first_of: dict[tuple[str, str], int] = {}
+    to_run: list[_Screened] = []
+    for item in screened:
+        if item.result is None:
+            if item.key in first_of:
+                continue
+            first_of[item.key] = item.index
+            to_run.append(item)
+
+    pool = _DevicePool(device, config.workers)
+    work_root = tempfile.mkdtemp(prefix="verify-")
+    os.chmod(work_root, 0o700)
+    judged: dict[int, VerifyResult] = {}
+    bar = _progress(len(to_run), progress)
+    try:
+        problems = {item.key[0]: requests[item.index].problem_code for item in to_run}
+        preparer = ProblemPreparer(config, device, work_root, pool)
+        # Starting the next worker early only pays where cores are left over (and on GPUs).
+        prespawn = config.prespawn_workers and (device == "cuda" or (os.cpu_count() or 1) > 2 * pool.size)
+        launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn)
+        with ThreadPoolExecutor(max_workers=pool.size) as executor:
+            prepared = dict(zip(problems, executor.map(preparer.prepare, problems.values())))
+
+            def judge(item: _Screened) -> VerifyResult:
+                try:
+                    result = judge_candidate(item.code, prepared[item.key[0]], config, device, pool,
+                                             isolation, work_root, item.label, launcher=launcher)
+                except Exception as exc:  # noqa: BLE001 - one candidate never ends the batch
+                    result = VerifyResult(item.label, stage="static", error=f"verifier error: "
+                                          f"{type(exc).__name__}: {str(exc)[:200]}", isolation=isolation)
+                _merge_screen(result, item, config)
+                if bar is not None:
+                    bar.update(1)
+                return result
+
+            try:
+                for item, result in zip(to_run, executor.map(judge, to_run)):
+                    judged[item.index] = result
+            finally:
+                launcher.close()
+    finally:
+        if bar is not None:
+            bar.close()
+        shutil.rmtree(work_root, ignore_errors=True)
+
+    results: list[VerifyResult] = []
+    for item in screened:
+        if item.result is not None:
+            results.append(item.result)
+        elif item.index in judged:
+            results.append(judged[item.index])
+        else:
+            original = judged[first_of[item.key]]
+            copy = VerifyResult.from_dict(json.loads(json.dumps(original.to_dict())))
+            results.append(replace(copy, candidate=item.label, cached=True))
+    return results
+
+
+def _merge_screen(result: VerifyResult, item: _Screened, config) -> None:
+    for flag in item.static_flags:
+        if flag not in result.flags:
+            result.flags.append(flag)
+    result.details = {**item.notes, **result.details}
+    if is_cheating(result.flags):
+        result.correct = False
+    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled or total == 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="verify", unit="cand", file=sys.stderr, leave=False)
+
+
+def verify_candidate(problem_code: str, candidate_text: str, config=None, *, label: str = "candidate",
+                     device: Optional[str] = None) -> VerifyResult:
+    return verify_batch([VerifyRequest(problem_code, candidate_text, label)], config, device=device,
+                        progress=False)[0]
+
+
+def summarize_results(results: Sequence[VerifyResult]) -> dict:
+    """Counts per stage: how many reached each stage, where the rest were rejected, flags seen."""
+    per_stage = {stage: 0 for stage in STAGES}
+    rejected = {stage: 0 for stage in STAGES[1:]}
+    flags: dict[str, int] = {}
+    order = list(STAGES)
+    for result in results:
+        reached = order.index(result.stage) if result.stage in order else 0
+        for stage in STAGES[: reached + 1]:
+            per_stage[stage] += 1
+        if not result.correct and reached + 1 < len(order):
+            rejected[order[reached + 1]] += 1  # rejected at the first stage it did not pass
+        for flag in result.flags:
+            flags[flag] = flags.get(flag, 0) + 1
+    return {
+        "total": len(results),
+        "correct": sum(1 for r in results if r.correct),
+        "cached": sum(1 for r in results if r.cached),
+        "per_stage_reached": per_stage,
+        "rejected_at": rejected,
+        "flags": dict(sorted(flags.items())),
+    }
+
+
+def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: str = "candidate",
+                           device: Optional[str] = None, isolation: Optional[str] = None) -> VerifyResult:
+    """Judge ``code`` from the compile stage on, skipping extraction and the static check.
+
+    For tests of the sandbox and the runtime audit (code the static check would already reject
+    must still be caught at run time) and for re-judging code that already passed the screen.
+    """
+    from .judge import ProblemPreparer, judge_candidate
+    from .sandbox import choose_isolation
+
+    config = _verifier_config(config)
+    device = resolve_device(device, config)
+    isolation = choose_isolation(isolation or config.isolation, device)
+    pool = _DevicePool(device, 1)
+    work_root = tempfile.mkdtemp(prefix="verify-")
+    try:
+        prepared = ProblemPreparer(config, device, work_root, pool).prepare(problem_code)
+        result = judge_candidate(code, prepared, config, device, pool, isolation, work_root, label)
+    finally:
+        shutil.rmtree(work_root, ignore_errors=True)
+    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+    return result

@@ -1,0 +1,325 @@
+"""Runtime audit of a candidate's forward, installed in the worker before the candidate is imported.
+
+What it watches while ``forward`` runs:
+
+* Triton launches: ``JITFunction.run`` and the interpreter's ``InterpretedFunction.run`` (what
+  ``triton.jit`` returns under ``TRITON_INTERPRET=1``) are wrapped at class level; a forward with
+  no launch is flagged ``no_triton_launch``.
+* ATen operators that ran, through a ``TorchDispatchMode``: anything ``policy.aten_op_allowed``
+  rejects is ``torch_compute``; library GEMM/conv is ``library_gemm`` (or, when the config allows
+  it, the advisory ``library_gemm_allowed`` plus the op names in ``allowed_library_calls``). The
+  interpreter's own bookkeeping inside a launch (``new_empty``/``set_``/``copy_``) is allowed by the
+  policy anyway, so launches are audited like the rest of forward: a grid callable cannot hide math.
+* Other threads (the dispatch mode is thread-local): Python thread starts are hooked and the OS
+  task count of the process is compared before/after -> ``threads``.
+* NumPy round trips (``Tensor.numpy``/``__array__`` outside a Triton launch) -> ``numpy_compute``;
+  processes started (``os.fork``/``posix_spawn``/``system``, ``subprocess``) -> ``subprocess``.
+* Output provenance: the storages Triton launches received, and copies/views the dispatch mode saw
+  derived from them, are recorded; an output in any other storage was not written by a kernel
+  (``torch.tensor(python_values)``, NumPy, a subprocess's answer) -> ``output_not_from_kernel``
+  (checked by the worker).
+* CUDA only: the kernels the GPU ran (``torch.profiler``, CUDA activity, chrome trace) must be
+  Triton's (the launched function names) or allowed copies/fills -> ``non_triton_kernel``; a kernel
+  on another stream than the forward's current stream -> ``side_stream``.
+* Its own hooks are checked after every forward; a removed hook is ``audit_tampered``.
+
+This is defence in depth behind the static check: code running in the same process can, in
+principle, undo in-process hooks, which is why the static check rejects reflection and
+monkeypatching and why the parent (not the worker) decides correctness.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .policy import ALLOWED_CUDA_KERNEL_FRAGMENTS, LIBRARY_GEMM_ATEN_OPS, aten_op_allowed
+
+
+@dataclass
+class ForwardReport:
+    launches: int = 0
+    kernel_names: set = field(default_factory=set)
+    ops: Counter = field(default_factory=Counter)
+    threads_started: int = 0
+    processes_started: int = 0
+    # Storages a Triton launch received, plus what allowed ops (copies, views) derived from them:
+    # every output must live in one of these, or it was not produced by a kernel.
+    kernel_storages: set = field(default_factory=set)
+    numpy_calls: int = 0
+    new_tasks: int = 0
+    cuda_kernels: list = field(default_factory=list)  # (name, stream)
+    flags: list = field(default_factory=list)
+    disallowed_ops: list = field(default_factory=list)
+    library_calls: list = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+
+def _task_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+class RuntimeAudit:
+    def __init__(self, allow_library_gemm: bool, device: str, trace_dir: str = "."):
+        self.allow_library_gemm = allow_library_gemm
+        self.device = device
+        self.trace_dir = trace_dir
+        self.active = False
+        self.report = ForwardReport()
+        self.launch_depth = 0
+        self._wrappers: dict = {}
+        self._mode = None
+
+    # -- installation (before the candidate is imported) --------------------------------------
+    def install(self) -> None:
+        import _thread
+
+        import torch
+
+        self._wrap_method_of("triton.runtime.jit", "JITFunction", "run", self._launch_wrapper)
+        self._wrap_method_of("triton.runtime.interpreter", "InterpretedFunction", "run", self._launch_wrapper)
+        self._wrap_attr(threading.Thread, "start", self._thread_wrapper)
+        self._wrap_attr(_thread, "start_new_thread", self._thread_wrapper)
+        if hasattr(_thread, "start_joinable_thread"):
+            self._wrap_attr(_thread, "start_joinable_thread", self._thread_wrapper)
+        import _posixsubprocess
+
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            self._wrap_attr(os, name, self._process_wrapper)
+        self._wrap_attr(_posixsubprocess, "fork_exec", self._process_wrapper)
+        import subprocess
+
+        self._wrap_attr(subprocess, "_fork_exec", self._process_wrapper)
+        self._wrap_attr(torch.Tensor, "numpy", self._numpy_wrapper)
+        self._wrap_attr(torch.Tensor, "__array__", self._numpy_wrapper)
+        self._mode = _make_dispatch_mode(self)
+
+    def _wrap_method_of(self, module_name: str, class_name: str, attr: str, make) -> None:
+        import importlib
+
+        try:
+            owner = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            return  # this Triton has no such class (e.g. no interpreter module)
+        self._wrap_attr(owner, attr, make)
+
+    def _wrap_attr(self, owner, attr: str, make) -> None:
+        original = getattr(owner, attr, None)
+        if original is None:
+            return
+        wrapper = make(original)
+        setattr(owner, attr, wrapper)
+        self._wrappers[(owner, attr)] = wrapper
+
+    def _launch_wrapper(self, original):
+        audit = self
+
+        def run(kernel, *args, **kwargs):
+            if kwargs.get("warmup") or not audit.active:
+                return original(kernel, *args, **kwargs)
+            audit.report.launches += 1
+            audit.report.kernel_storages |= _storage_ptrs((args, kwargs))
+            fn = getattr(kernel, "fn", None)
+            audit.report.kernel_names.add(getattr(fn, "__name__", None) or getattr(kernel, "__name__", "?"))
+            audit.launch_depth += 1
+            try:
+                return original(kernel, *args, **kwargs)
+            finally:
+                audit.launch_depth -= 1
+
+        run.__wrapped__ = original
+        return run
+
+    def _thread_wrapper(self, original):
+        audit = self
+
+        def start(*args, **kwargs):
+            if audit.active and audit.launch_depth == 0:  # Triton's compiler may use threads
+                audit.report.threads_started += 1
+            return original(*args, **kwargs)
+
+        start.__wrapped__ = original
+        return start
+
+    def _process_wrapper(self, original):
+        audit = self
+
+        def spawn(*args, **kwargs):
+            if audit.active and audit.launch_depth == 0:  # Triton's compiler runs ptxas
+                audit.report.processes_started += 1
+            return original(*args, **kwargs)
+
+        spawn.__wrapped__ = original
+        return spawn
+
+    def _numpy_wrapper(self, original):
+        audit = self
+
+        def to_numpy(*args, **kwargs):
+            if audit.active and audit.launch_depth == 0:
+                audit.report.numpy_calls += 1
+            return original(*args, **kwargs)
+
+        to_numpy.__wrapped__ = original
+        return to_numpy
+
+    def hooks_intact(self) -> bool:
+        return all(getattr(owner, attr, None) is wrapper for (owner, attr), wrapper in self._wrappers.items())
+
+    # -- one audited forward --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def forward(self):
+        """Audit everything inside the block; the report is ``self.report`` (finalised on exit)."""
+        import torch
+
+        self.report = ForwardReport()
+        profiler = self._start_cuda_profiler() if self.device != "cpu" else None
+        stream = torch.cuda.current_stream() if self.device != "cpu" else None
+        tasks_before = _task_count()
+        mode_intact = True
+        self.active = True
+        try:
+            with self._mode:
+                yield self.report
+                mode_intact = _current_mode() is self._mode
+        finally:
+            self.active = False
+            if profiler is not None:
+                torch.cuda.synchronize()
+                profiler.__exit__(None, None, None)
+            # On CUDA the driver, CUPTI and Triton's compiler start threads of their own; there
+            # only Python-level thread starts count.
+            if self.device == "cpu":
+                self.report.new_tasks = max(0, _task_count() - tasks_before)
+            if profiler is not None:
+                self._read_cuda_trace(profiler, stream)
+            self._finalise(mode_intact)
+
+    def _start_cuda_profiler(self):
+        """The CUDA kernel recorder, started, with a probe fill on forward's stream; None (and a
+        note in the report) where CUPTI cannot start, so the other checks still run."""
+        from torch.profiler import ProfilerActivity, profile
+
+        try:
+            profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            profiler.__enter__()
+        except Exception as exc:  # noqa: BLE001 - CUPTI unavailable in this environment
+            self.report.details["cuda_trace_error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+            return None
+        _probe_stream(self.device)
+        return profiler
+
+    def _read_cuda_trace(self, profiler, stream) -> None:
+        path = os.path.join(self.trace_dir, "forward_trace.json")
+        try:
+            profiler.export_chrome_trace(path)
+            with open(path) as fh:
+                trace = json.load(fh)
+        except (OSError, ValueError, RuntimeError) as exc:
+            self.report.details["cuda_trace_error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        events = trace.get("traceEvents", []) if isinstance(trace, dict) else []
+        kernels = sorted((e.get("ts", 0), e.get("name", ""), (e.get("args") or {}).get("stream"))
+                         for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
+        self.report.cuda_kernels = [(name, stream) for _ts, name, stream in kernels]
+
+    def _finalise(self, mode_intact: bool) -> None:
+        report = self.report
+        flags = []
+        for op, _count in sorted(report.ops.items()):
+            if aten_op_allowed(op, self.allow_library_gemm):
+                if _base(op) in LIBRARY_GEMM_ATEN_OPS:
+                    report.library_calls.append(op)
+                continue
+            report.disallowed_ops.append(op)
+        gemm = [op for op in report.disallowed_ops if _base(op) in LIBRARY_GEMM_ATEN_OPS]
+        if gemm:
+            flags.append("library_gemm")
+        if len(gemm) < len(report.disallowed_ops):
+            flags.append("torch_compute")
+        if report.library_calls:
+            flags.append("library_gemm_allowed")
+        if report.launches == 0:
+            flags.append("no_triton_launch")
+        if report.threads_started or report.new_tasks:
+            flags.append("threads")
+        if report.processes_started:
+            flags.append("subprocess")
+        if report.numpy_calls:
+            flags.append("numpy_compute")
+        if not mode_intact or not self.hooks_intact():
+            flags.append("audit_tampered")
+        if report.cuda_kernels:
+            flags += _cuda_kernel_flags(report)
+        report.flags = flags
+
+
+def _base(op: str) -> str:
+    return op.split("::", 1)[-1].split(".", 1)[0]
+
+
+def _cuda_kernel_flags(report: ForwardReport) -> list[str]:
+    flags = []
+    # The probe fill runs first on the forward's stream: its stream id is the expected one.
+    expected_stream = report.cuda_kernels[0][1]
+    foreign = []
+    for name, stream in report.cuda_kernels[1:]:
+        if stream != expected_stream:
+            if "side_stream" not in flags:
+                flags.append("side_stream")
+        is_triton = any(name == k or name.startswith(k) for k in report.kernel_names if k)
+        if not is_triton and not any(f in name for f in ALLOWED_CUDA_KERNEL_FRAGMENTS):
+            foreign.append(name)
+    if foreign:
+        flags.append("non_triton_kernel")
+        report.details["non_triton_kernels"] = sorted(set(foreign))[:10]
+    return flags
+
+
+def _storage_ptrs(tree) -> set:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    ptrs = set()
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and leaf.numel() > 0:
+            ptrs.add(leaf.untyped_storage().data_ptr())
+        elif hasattr(leaf, "base") and isinstance(getattr(leaf, "base", None), torch.Tensor):
+            ptrs.add(leaf.base.untyped_storage().data_ptr())  # a TensorDescriptor
+    return ptrs
+
+
+def _probe_stream(device: str) -> None:
+    import torch
+
+    torch.empty(1, device=device).fill_(0)
+
+
+def _current_mode():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def _make_dispatch_mode(audit: RuntimeAudit):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _AuditMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            report = audit.report
+            report.ops[f"aten::{func.overloadpacket.__name__}.{func._overloadname}"] += 1
+            out = func(*args, **(kwargs or {}))
+            if report.kernel_storages and _storage_ptrs((args, kwargs)) & report.kernel_storages:
+                report.kernel_storages |= _storage_ptrs(out)  # a copy or view of kernel output
+            return out
+
+    return _AuditMode()

@@ -1,0 +1,409 @@
+"""Judge one candidate that passed the static check: reference data, sandboxed worker, comparison.
+
+``ProblemPreparer`` builds a problem's input sets and reference outputs once per batch in a
+trusted reference process. ``judge_candidate`` runs the candidate's worker in the sandbox, feeds it
+one input set at a time, compares every output here in the parent (shape, dtype, tolerance,
+relative error, NaN/Inf, inputs unchanged) and stops at the first failure; on CUDA, after every
+set passed, it asks the worker to time the candidate while holding the GPU's lease.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .compare import compare_outputs, inputs_unchanged
+from .result import VerifyResult
+from .reward import CHEATING_FLAGS, compute_reward, is_cheating
+from .sandbox import SandboxedProcess
+from .tensor_io import TensorIOError, load_tensors, unpack
+
+_MAX_STATUS_BYTES = 1 << 20
+# Every problem's input file sits in <work_root>/inputs, bound read-only into each bwrap sandbox:
+# one candidate cannot alter the inputs of the next.
+INPUTS_DIR = "inputs"
+INSIDE_INPUTS_DIR = "/tmp/inputs"
+
+
+@dataclass
+class PreparedProblem:
+    ok: bool
+    error: Optional[str] = None
+    directory: str = ""
+    source: str = ""  # the problem at the sizes used (shrunk on CPU)
+    init: Any = None
+    sets: list[dict] = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)  # the parent's copy, for the mutation check
+    expected: dict = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    inputs_file: str = ""  # <work_root>/inputs/<problem>.safetensors
+
+
+def _tail_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+class ProblemPreparer:
+    """Builds each problem once (thread-safe); failures are verdicts on the problem, not crashes."""
+
+    def __init__(self, config, device: str, work_root: str, pool):
+        self.config, self.device, self.work_root, self.pool = config, device, work_root, pool
+
+    def prepare(self, problem_code: str) -> PreparedProblem:
+        job_dir = tempfile.mkdtemp(prefix="problem-", dir=self.work_root)
+        with open(os.path.join(job_dir, "problem.py"), "w") as fh:
+            fh.write(problem_code)
+        cfg = self.config
+        cap = cfg.cpu_max_input_numel if self.device == "cpu" else cfg.cuda_max_input_numel
+        job = {
+            "device": self.device, "seed": cfg.seed, "max_input_numel": cap,
+            "tiny_first": cfg.enable_staged_eval and cfg.staged_tiny_batch_first,
+            "multi_input": cfg.enable_multi_input, "num_tests": cfg.multi_input_num_tests,
+            "shape_variations": cfg.multi_input_shape_variations,
+            "value_variations": cfg.multi_input_value_variations, "threads": 1,
+        }
+        with open(os.path.join(job_dir, "job.json"), "w") as fh:
+            json.dump(job, fh)
+        gpu = self.pool.acquire()
+        try:
+            with self.pool.gate(gpu).shared():
+                proc = SandboxedProcess(
+                    [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
+                    device=self.device, gpu_index=gpu, isolation="process",
+                    max_output_bytes=cfg.max_output_bytes,
+                )
+                # The reference runs several input sets and variations: a few timeouts' worth.
+                outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
+        finally:
+            self.pool.release(gpu)
+        prepared_path = os.path.join(job_dir, "prepared.json")
+        if outcome.timed_out:
+            return PreparedProblem(False, f"reference timed out after {3 * cfg.timeout_s:.0f}s")
+        if outcome.returncode != 0 or not os.path.exists(prepared_path):
+            return PreparedProblem(False, _tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
+        with open(prepared_path) as fh:
+            data = json.load(fh)
+        expected_path = os.path.join(job_dir, "expected.safetensors")
+        inputs_file = os.path.join(self.work_root, INPUTS_DIR, os.path.basename(job_dir) + ".safetensors")
+        os.makedirs(os.path.dirname(inputs_file), exist_ok=True)
+        os.replace(os.path.join(job_dir, "inputs.safetensors"), inputs_file)
+        prepared = PreparedProblem(
+            True, directory=job_dir, source=data["problem_source"], init=data["init"], sets=data["sets"],
+            inputs=load_tensors(inputs_file), inputs_file=inputs_file,
+            expected=load_tensors(expected_path), skipped=data["skipped"], notes=data["notes"],
+        )
+        os.remove(expected_path)  # expected outputs live in the parent's memory only
+        return prepared
+
+
+def _read_status(path: str) -> dict:
+    if os.path.getsize(path) > _MAX_STATUS_BYTES:
+        raise TensorIOError("worker status file too large")
+    with open(path) as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict):
+        raise TensorIOError("worker status is not an object")
+    return data
+
+
+def _bytes_of(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _add_flags(result: VerifyResult, flags) -> None:
+    for flag in flags or []:
+        if isinstance(flag, str) and flag not in result.flags:
+            result.flags.append(flag)
+
+
+class _Run:
+    """One candidate's worker process and the bookkeeping of its verdict."""
+
+    def __init__(self, code: str, prepared: PreparedProblem, config, device: str, gpu: Optional[int],
+                 proc: SandboxedProcess, result: VerifyResult, timing: bool):
+        self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
+        self.result, self.proc = result, proc
+        sandbox_dir = proc.sandbox_dir
+        with open(os.path.join(sandbox_dir, "candidate.py"), "w") as fh:
+            fh.write(code)
+        if proc.isolation == "bwrap":
+            inputs_file = f"{INSIDE_INPUTS_DIR}/{os.path.basename(prepared.inputs_file)}"
+        else:
+            inputs_file = "inputs.safetensors"
+            shutil.copyfile(prepared.inputs_file, os.path.join(sandbox_dir, inputs_file))
+        if timing:
+            with open(os.path.join(sandbox_dir, "problem.py"), "w") as fh:
+                fh.write(prepared.source)
+            timing = {"problem_file": "problem.py", "config": _plain_config(config)}
+        else:
+            timing = None
+        job = {
+            "device": device, "seed": config.seed, "init": prepared.init, "inputs_file": inputs_file,
+            "sets": [{"name": s["name"], "inputs": s["inputs"], "timing": s["timing"]} for s in prepared.sets],
+            "allow_library_gemm": config.allow_library_gemm, "timing": timing,
+        }
+        with open(os.path.join(sandbox_dir, "job.json"), "w") as fh:
+            json.dump(job, fh)
+        proc.send_line("go")
+
+    def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
+        """The worker's status file ``name``, or None with ``result.error`` saying why not."""
+        if not self.proc.wait_for_file(name, deadline):
+            if self.proc.timed_out:
+                self.result.error = f"{phase}: timeout after {self.config.timeout_s:g}s"
+                self.result.details["timed_out"] = True
+            else:
+                code = self.proc.proc.poll()
+                outcome = self.proc.finish(time.monotonic() + 5)
+                last = _tail_line(outcome.stderr)
+                self.result.error = f"{phase}: candidate process exited with status {code}" + (
+                    f" ({last})" if last else "")
+            return None
+        try:
+            return _read_status(self.proc.path(name))
+        except (OSError, ValueError) as exc:
+            self.result.error = f"{phase}: unreadable worker status ({str(exc)[:80]})"
+            return None
+
+    def judge_sets(self, deadline: float) -> bool:
+        """Run every input set; True when all passed every check."""
+        prepared, result, cfg = self.prepared, self.result, self.config
+        staged = cfg.enable_staged_eval
+        all_ok = True
+        for index, set_info in enumerate(prepared.sets):
+            phase = "tiny" if set_info["kind"] == "tiny" else "full"
+            self.proc.send_line("run")
+            status = self.wait(f"set_{index}.json", deadline, phase)
+            if status is None:
+                return False
+            ok = self._check_set(index, set_info, status, phase)
+            if not ok:
+                all_ok = False
+                if staged or is_cheating(result.flags) or result.error and "timeout" in result.error:
+                    return False
+            elif phase == "tiny" and all_ok:
+                result.stage = "tiny"
+        if all_ok:
+            result.stage = "full"
+        return all_ok
+
+    def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
+        result, cfg = self.result, self.config
+        _add_flags(result, status.get("flags"))
+        for call in status.get("library_calls") or []:
+            if isinstance(call, str) and call not in result.allowed_library_calls:
+                result.allowed_library_calls.append(call)
+        label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
+        if not status.get("ok"):
+            result.error = result.error or f"{label}: {str(status.get('error'))[:240]}"
+            return False
+        if is_cheating(result.flags):
+            result.error = result.error or f"{label}: runtime audit: {_audit_summary(result.flags, status)}"
+            return False
+        expected_tensors_bytes = _bytes_of(self.prepared.expected) + _bytes_of(self.prepared.inputs)
+        try:
+            tensors = load_tensors(self.proc.path(f"set_{index}.safetensors"),
+                                   max_bytes=4 * expected_tensors_bytes + (1 << 20))
+            output = unpack(status["output"], tensors)
+            inputs_after = unpack(status["inputs_after"], tensors)
+        except (TensorIOError, KeyError, OSError) as exc:
+            result.error = result.error or f"{label}: unreadable output ({str(exc)[:120]})"
+            return False
+        inputs_before = unpack(set_info["inputs"], self.prepared.inputs)
+        if not inputs_unchanged(inputs_after, inputs_before):
+            _add_flags(result, ["mutated_inputs"])
+            result.error = result.error or f"{label}: forward modified its inputs"
+            return False
+        expected = unpack(set_info["expected"], self.prepared.expected)
+        mismatch = compare_outputs(output, expected, cfg)
+        if mismatch is not None:
+            result.error = result.error or f"{label}: {mismatch.message}"
+            result.details.setdefault("mismatch", mismatch.reason)
+            return False
+        result.details.setdefault("launches", []).append(status.get("launches"))
+        return True
+
+    def time_candidate(self) -> None:
+        result, cfg = self.result, self.config
+        try:
+            from extensions.timing import gpu_lease
+        except Exception as exc:  # noqa: BLE001 - the timer is optional
+            result.error = f"timing unavailable: {type(exc).__name__}: {str(exc)[:120]}"
+            self.proc.send_line("stop")
+            return
+        try:
+            # The lease keeps other verifier processes on this machine off the GPU while timing.
+            with gpu_lease(self.gpu if self.gpu is not None else 0, timeout_s=cfg.timeout_s):
+                self.proc.send_line("time")
+                status = self.wait("timing.json", time.monotonic() + cfg.timeout_s, "timing")
+        except TimeoutError as exc:
+            result.error = f"timing: {str(exc)[:200]}"
+            return
+        if status is None:
+            return
+        if status.get("error"):
+            result.error = str(status["error"])[:300]
+            return
+        report = status.get("report") or {}
+        result.timing = report
+        _add_flags(result, report.get("flags"))
+        speedup = report.get("speedup")
+        if "last_output" in status:
+            set_index = int(status.get("last_set", -1))
+            try:
+                tensors = load_tensors(self.proc.path("timing.safetensors"),
+                                       max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
+                last = unpack(status["last_output"], tensors)
+                expected = unpack(self.prepared.sets[set_index]["expected"], self.prepared.expected)
+                if compare_outputs(last, expected, cfg) is not None:
+                    _add_flags(result, ["memoized_output"])
+                    result.error = "timing: the last timed call's output does not match the reference"
+            except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
+                _add_flags(result, ["memoized_output"])
+                result.error = f"timing: last output unreadable ({str(exc)[:80]})"
+        if isinstance(speedup, (int, float)) and speedup == speedup and speedup > 0:
+            result.speedup = float(speedup)
+            if result.speedup > cfg.speedup_review_bound:
+                _add_flags(result, ["speedup_review"])
+            if not is_cheating(result.flags) and result.stage == "full":
+                result.stage = "timing"
+
+
+def _audit_summary(flags: list[str], status: dict) -> str:
+    cheating = [f for f in flags if f in CHEATING_FLAGS]
+    ops = status.get("disallowed_ops") or []
+    text = ", ".join(cheating)
+    if ops:
+        text += f" (ops: {', '.join(str(o) for o in ops[:4])})"
+    return text
+
+
+def _plain_config(config) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(config)
+
+
+def _judge_correctness(run: _Run, result: VerifyResult, deadline: float) -> bool:
+    compiled = run.wait("compile.json", deadline, "compile")
+    if compiled is None:
+        return False
+    if not compiled.get("ok"):
+        result.error = f"compile: {str(compiled.get('error'))[:240]}"
+        return False
+    result.stage = "compile"
+    _add_flags(result, compiled.get("flags"))
+    if is_cheating(result.flags):
+        result.error = f"compile: {', '.join(f for f in result.flags if f in CHEATING_FLAGS)}"
+        return False
+    return run.judge_sets(deadline)
+
+
+class WorkerLauncher:
+    """Starts sandboxed workers, one fresh process per candidate. With ``prespawn`` it keeps one
+    started worker per slot waiting (torch and Triton imported, no candidate yet), so the next
+    candidate does not wait for the imports. A worker never serves a second candidate."""
+
+    def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool):
+        self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
+        self.inputs_root = os.path.join(work_root, INPUTS_DIR)
+        os.makedirs(self.inputs_root, exist_ok=True)
+        self.prespawn = prespawn
+        self._to_start = total
+        self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
+        self._lock = threading.Lock()
+
+    def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
+        sandbox_dir = tempfile.mkdtemp(prefix="cand-", dir=self.work_root)
+        ro_files = {self.inputs_root: INSIDE_INPUTS_DIR} if self.isolation == "bwrap" else None
+        return SandboxedProcess(
+            [sys.executable, "-m", "extensions.verify.worker"], sandbox_dir, device=self.device,
+            gpu_index=gpu, isolation=self.isolation, max_output_bytes=self.config.max_output_bytes,
+            ro_files=ro_files,
+        )
+
+    def take(self, gpu: Optional[int]) -> SandboxedProcess:
+        with self._lock:
+            self._to_start -= 1
+            spares = self._spares.get(gpu) or []
+            proc = spares.pop() if spares else None
+        if proc is not None and proc.proc.poll() is not None:  # died while waiting
+            self.discard(proc)
+            proc = None
+        proc = proc or self._spawn(gpu)
+        if self.prespawn:
+            with self._lock:
+                waiting = sum(len(v) for v in self._spares.values())
+                if self._to_start - waiting > 0:
+                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
+        return proc
+
+    @staticmethod
+    def discard(proc: SandboxedProcess) -> None:
+        proc.kill()
+        proc.finish(time.monotonic() + 5)
+        shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        with self._lock:
+            spares = [p for procs in self._spares.values() for p in procs]
+            self._spares.clear()
+        for proc in spares:
+            self.discard(proc)
+
+
+def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, pool, isolation: str,
+                    work_root: str, label: str, *, timing_on_cpu: bool = False,
+                    launcher: Optional[WorkerLauncher] = None) -> VerifyResult:
+    """The verdict on ``code`` from the compile stage on. ``timing_on_cpu`` runs the timing
+    protocol on CPU tensors (meaningless numbers; for testing the protocol without a GPU)."""
+    result = VerifyResult(label, stage="static", isolation="none")
+    if not prepared.ok:
+        result.error = f"problem: {prepared.error}"
+        result.details["problem_error"] = True
+        return result
+    result.isolation = isolation
+    if prepared.skipped:
+        result.details["skipped_input_sets"] = prepared.skipped
+    result.details["input_sets"] = [s["name"] for s in prepared.sets]
+    own_launcher = launcher is None
+    if own_launcher:
+        launcher = WorkerLauncher(config, device, isolation, work_root, total=1, prespawn=False)
+    gpu = pool.acquire()
+    run = None
+    proc = None
+    gate = pool.gate(gpu)
+    try:
+        with gate.shared():  # other correctness runs may share this GPU; timing may not
+            timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
+            proc = launcher.take(gpu)
+            run = _Run(code, prepared, config, device, gpu, proc, result, timing)
+            deadline = time.monotonic() + config.timeout_s
+            passed = _judge_correctness(run, result, deadline)
+        wants_timing = timing and (
+            passed or (result.passed("compile") and not config.staged_skip_timing_on_failure))
+        if wants_timing and not is_cheating(result.flags) and run.proc.proc.poll() is None:
+            with gate.exclusive():
+                run.time_candidate()
+        run.proc.send_line("stop")
+        outcome = run.proc.finish(time.monotonic() + 10)
+        result.details["output_bytes"] = {"stdout": outcome.stdout_bytes, "stderr": outcome.stderr_bytes}
+    finally:
+        if proc is not None:
+            proc.kill()
+            shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
+        pool.release(gpu)
+        if own_launcher:
+            launcher.close()
+    result.correct = result.stage in ("full", "timing") and not is_cheating(result.flags)
+    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+    return result

@@ -1,0 +1,120 @@
+"""Module-level size constants of a KernelBench-style problem, read and rewritten in the source.
+
+KernelBench problems set their shapes with module-level assignments (``batch_size = 16``,
+``N = 2048 * 2``). The verifier shrinks them for the CPU interpreter, builds a tiny input set
+(batch 2) and other shapes (odd sizes that catch missing masks) by rewriting these assignments
+in the source text, so ``get_inputs()`` and ``get_init_inputs()`` of the rewritten problem stay the
+problem's own functions. Pure AST work: no torch here.
+"""
+from __future__ import annotations
+
+import ast
+import operator
+from dataclasses import dataclass
+
+_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod,
+}
+
+
+@dataclass(frozen=True)
+class SizeConstant:
+    name: str
+    value: int
+    lineno: int  # 1-based line of the assignment (the last one wins, as at run time)
+
+
+def _const_int(node: ast.AST, known: dict[str, int]) -> int | None:
+    """Value of an integer constant expression (literals, earlier constants, + - * // ** %)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.Name) and node.id in known:
+        return known[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _const_int(node.operand, known)
+        return None if inner is None else -inner
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _const_int(node.left, known), _const_int(node.right, known)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, ast.Pow) and (right < 0 or right > 64):
+            return None
+        if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
+            return None
+        return _BINOPS[type(node.op)](left, right)
+    return None
+
+
+def find_size_constants(source: str) -> dict[str, SizeConstant]:
+    """Module-level ``NAME = <integer expression>`` assignments (booleans are not sizes)."""
+    tree = ast.parse(source)
+    known: dict[str, int] = {}
+    found: dict[str, SizeConstant] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            target, value_node = stmt.targets[0].id, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            target, value_node = stmt.target.id, stmt.value
+        else:
+            continue
+        value = _const_int(value_node, known)
+        if value is None:
+            known.pop(target, None)
+            found.pop(target, None)
+            continue
+        known[target] = value
+        found[target] = SizeConstant(target, value, stmt.lineno)
+    return found
+
+
+def rewrite_constants(source: str, new_values: dict[str, int]) -> str:
+    """The source with the named module-level constants set to new literal values.
+
+    Every module-level assignment of a named constant is replaced, so later expressions that use
+    it (``dim = N * 2``) see the new value through Python itself.
+    """
+    if not new_values:
+        return source
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    edits: list[tuple[int, int, int, int, str]] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            name = stmt.target.id
+        else:
+            continue
+        if name in new_values:
+            value = stmt.value
+            edits.append((value.lineno, value.col_offset, value.end_lineno, value.end_col_offset,
+                          repr(int(new_values[name]))))
+    # Apply from the end so earlier offsets stay valid.
+    for start_line, start_col, end_line, end_col, text in sorted(edits, reverse=True):
+        first, last = lines[start_line - 1], lines[end_line - 1]
+        # AST offsets are UTF-8 byte offsets.
+        head = first.encode()[:start_col].decode()
+        tail = last.encode()[end_col:].decode()
+        lines[start_line - 1:end_line] = [head + text + tail]
+    return "".join(lines)
+
+
+def is_batch_name(name: str) -> bool:
+    return "batch" in name.lower()
+
+
+def shrink_step(values: dict[str, int], min_value: int = 9) -> dict[str, int] | None:
+    """Halve the largest constant above ``min_value`` (small ones are kernel sizes, strides...)."""
+    candidates = [(v, n) for n, v in values.items() if v >= min_value]
+    if not candidates:
+        return None
+    _, name = max(candidates)
+    return {**values, name: max(1, values[name] // 2)}
+
+
+def odd_size(value: int) -> int:
+    """A nearby size that is not a power of two nor a multiple of common block sizes."""
+    if value < 4:
+        return value
+    return max(3, (value * 3) // 4 + 1) | 1

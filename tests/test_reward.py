@@ -1,0 +1,72 @@
+"""Reward of a verdict: stage ladder, speedup bonus, cheating zeroes, advisory flags do not."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from extensions.config import VerifierConfig
+from extensions.verify import summarize_results
+from extensions.verify.result import VerifyResult
+from extensions.verify.reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
+
+CFG = VerifierConfig()
+
+
+@pytest.mark.parametrize("stage, expected", [
+    ("none", 0.0), ("extract", 0.0), ("static", 0.0), ("compile", 0.3), ("tiny", 0.5), ("full", 0.7),
+])
+def test_stage_ladder(stage, expected):
+    assert compute_reward(stage, [], None, CFG) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("speedup, expected", [
+    (0.5, 0.7 + 0.3 * 0.25), (1.0, 0.85), (2.0, 1.0), (8.0, 1.0), (None, 0.7), (float("nan"), 0.7), (0.0, 0.7),
+])
+def test_speedup_bonus_saturates(speedup, expected):
+    assert compute_reward("timing", [], speedup, CFG) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("flag", sorted(CHEATING_FLAGS))
+def test_every_cheating_flag_zeroes_the_reward(flag):
+    assert is_cheating([flag])
+    for stage in ("compile", "tiny", "full"):
+        assert compute_reward(stage, [flag], None, CFG) == 0.0
+    assert compute_reward("timing", ["timing_unstable", flag], 3.0, CFG) == 0.0
+
+
+def test_advisory_flags_do_not_zero():
+    assert not CHEATING_FLAGS & ADVISORY_FLAGS
+    assert not is_cheating(ADVISORY_FLAGS)
+    assert compute_reward("full", ["library_gemm_allowed", "timing_unstable"], None, CFG) == 0.7
+    assert compute_reward("timing", ["timing_unstable"], 1.0, CFG) == pytest.approx(0.85)
+
+
+def test_speedup_review_caps_at_full_correct():
+    assert compute_reward("timing", ["speedup_review"], 50.0, CFG) == pytest.approx(0.7)
+
+
+def test_reward_values_come_from_the_config():
+    cfg = dataclasses.replace(CFG, reward_compiled=0.1, reward_full_correct=0.6, reward_speed_weight=0.4,
+                              reward_speedup_saturation=4.0)
+    assert compute_reward("compile", [], None, cfg) == pytest.approx(0.1)
+    assert compute_reward("timing", [], 2.0, cfg) == pytest.approx(0.6 + 0.4 * 0.5)
+
+
+def test_summary_counts_where_candidates_were_rejected():
+    results = [
+        VerifyResult("a", stage="none"),
+        VerifyResult("b", stage="extract", flags=["torch_compute"]),
+        VerifyResult("c", stage="static"),
+        VerifyResult("d", stage="compile", flags=["torch_compute"]),
+        VerifyResult("e", stage="full", correct=True),
+        VerifyResult("f", stage="full", correct=True, cached=True),
+        VerifyResult("g", stage="timing", correct=True, speedup=1.3),
+        VerifyResult("h", stage="full", flags=["memoized_output"]),
+    ]
+    summary = summarize_results(results)
+    assert summary["total"] == 8 and summary["correct"] == 3 and summary["cached"] == 1
+    assert summary["rejected_at"] == {"extract": 1, "static": 1, "compile": 1, "tiny": 1, "full": 0, "timing": 1}
+    assert summary["per_stage_reached"] == {"none": 8, "extract": 7, "static": 6, "compile": 5, "tiny": 4,
+                                            "full": 4, "timing": 1}
+    assert summary["flags"] == {"memoized_output": 1, "torch_compute": 2}

@@ -1,0 +1,466 @@
+"""The staged funnel end to end: real extraction, static check, sandboxed workers, Triton interpreter.
+
+One ``verify_batch`` call judges every candidate (in parallel workers) so the suite stays fast; the
+tests below read its results.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from extensions.config import VerifierConfig
+from extensions.verify import VerifyRequest, summarize_results, verify_batch, verify_candidate
+from extensions.verify.api import verify_code_unscreened
+
+AFFINE_PROBLEM = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self, alpha):
+            super().__init__()
+            self.alpha = alpha
+
+        def forward(self, x):
+            return x * self.alpha + 1.0
+
+    batch_size = 4
+    dim = 40
+
+    def get_inputs():
+        return [torch.randn(batch_size, dim)]
+
+    def get_init_inputs():
+        return [2.5]
+""")
+
+# Outputs of ~1e-5: an all-zero answer is inside atol=1e-4 everywhere.
+TINY_SCALE_PROBLEM = AFFINE_PROBLEM.replace("x * self.alpha + 1.0", "x * self.alpha").replace(
+    "return [2.5]", "return [1e-5]")
+
+SOFTMAX_PROBLEM = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x):
+            return torch.softmax(x, dim=1)
+
+    batch_size = 4
+    dim = 50
+
+    def get_inputs():
+        return [torch.randn(batch_size, dim)]
+
+    def get_init_inputs():
+        return []
+""")
+
+
+def affine_candidate(store: str = "x * alpha + 1.0", ret: str = "y", extra_import: str = "",
+                     prelude: str = "") -> str:
+    return textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+        {extra_import}
+
+        @triton.jit
+        def affine_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask)
+            {prelude}
+            tl.store(y_ptr + offs, {store}, mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, alpha):
+                super().__init__()
+                self.alpha = alpha
+
+            def forward(self, x):
+                y = torch.empty_like(x)
+                n = x.numel()
+                affine_kernel[(triton.cdiv(n, 64),)](x, y, n, self.alpha, BLOCK=64)
+                return {ret}
+    """)
+
+
+SOFTMAX_CANDIDATE = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def softmax_kernel(x_ptr, y_ptr, n_cols, stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n_cols
+        x = tl.load(x_ptr + row * stride + offs, mask=mask, other=-float("inf"))
+        x = x - tl.max(x, axis=0)
+        num = tl.exp(x)
+        tl.store(y_ptr + row * stride + offs, num / tl.sum(num, axis=0), mask=mask)
+
+
+    class ModelNew(nn.Module):
+        def forward(self, x):
+            x = x.contiguous()
+            y = torch.empty_like(x)
+            block = triton.next_power_of_2(x.shape[1])
+            softmax_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=block)
+            return y
+""")
+
+CORRECT = affine_candidate()
+RESPONSE = ("Here is the fused kernel.\n\n```python\n" + CORRECT.replace("BLOCK=64)", "BLOCK=64)  # launch")
+            + "\n```\n\nIt masks the tail.")
+
+CASES = {
+    "correct": (AFFINE_PROBLEM, CORRECT),
+    "softmax": (SOFTMAX_PROBLEM, SOFTMAX_CANDIDATE),
+    "duplicate_response": (AFFINE_PROBLEM, RESPONSE),
+    "syntax_error": (AFFINE_PROBLEM, CORRECT.replace("def forward(self, x):", "def forward(self, x)")),
+    "no_code": (AFFINE_PROBLEM, "I cannot write this kernel."),
+    "import_error": (AFFINE_PROBLEM, affine_candidate(extra_import="from triton.language import no_such_builtin_xyz")),
+    "wrong_shape": (AFFINE_PROBLEM, affine_candidate(ret="y[:, :-1]")),
+    "wrong_values": (AFFINE_PROBLEM, affine_candidate(store="x * alpha")),
+    "near_zero": (TINY_SCALE_PROBLEM, affine_candidate(store="x * 0.0")),
+    "nan_output": (AFFINE_PROBLEM, affine_candidate(store="x * alpha + 1.0 + (x - x) / (x - x)")),
+    "mutates_input": (AFFINE_PROBLEM, affine_candidate(prelude="tl.store(x_ptr + offs, x * 0.0, mask=mask)")),
+    # Operators on tensors pass the static check; the runtime audit sees the ATen ops.
+    "operator_fallback": (AFFINE_PROBLEM, affine_candidate(ret="x * self.alpha + 1.0")),
+}
+
+
+@pytest.fixture(scope="module")
+def config() -> VerifierConfig:
+    return VerifierConfig(device="cpu", timeout_s=90, workers=2, multi_input_num_tests=3)
+
+
+@pytest.fixture(scope="module")
+def results(config):
+    requests = [VerifyRequest(problem, text, label=name) for name, (problem, text) in CASES.items()]
+    judged = verify_batch(requests, config, progress=False)
+    return {r.candidate: r for r in judged}
+
+
+def test_batch_order_and_labels(results):
+    assert list(results) == list(CASES)
+
+
+def test_correct_kernels_pass_every_input_set(results):
+    for name in ("correct", "softmax"):
+        r = results[name]
+        assert (r.correct, r.stage, r.reward, r.error, r.flags) == (True, "full", 0.7, None, []), r
+        assert r.speedup is None and r.isolation in ("bwrap", "process")
+        # tiny + base + shape/value variations
+        assert len(r.details["input_sets"]) == 4 and r.details["input_sets"][0] == "tiny"
+        assert all(n >= 1 for n in r.details["launches"])
+
+
+def test_duplicates_are_judged_once(results):
+    original, copy = results["correct"], results["duplicate_response"]
+    assert not original.cached and copy.cached
+    assert (copy.correct, copy.stage, copy.reward) == (True, "full", 0.7)
+
+
+def test_unparsable_candidates_stop_before_any_process(results):
+    syntax = results["syntax_error"]
+    assert syntax.stage == "extract" and syntax.reward == 0.0 and syntax.isolation == "none"
+    assert syntax.error.startswith("static:") and "\n" not in syntax.error
+    no_code = results["no_code"]
+    assert no_code.stage == "none" and no_code.error.startswith("extract:") and no_code.isolation == "none"
+
+
+def test_import_error_is_a_compile_failure_with_the_candidate_line(results):
+    r = results["import_error"]
+    assert r.stage == "static" and r.reward == 0.0
+    assert r.error.startswith("compile: ImportError: cannot import name 'no_such_builtin_xyz'"), r.error
+    code_lines = CASES["import_error"][1].lstrip("\n").splitlines()
+    line = next(i for i, text in enumerate(code_lines, 1) if "no_such_builtin_xyz" in text)
+    assert r.error.endswith(f"(candidate line {line})") and "\n" not in r.error and "/work" not in r.error
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("wrong_shape", "shape (2, 39) != expected (2, 40)"),
+    ("wrong_values", "values outside atol=0.0001 rtol=0.0001"),
+    ("nan_output", "NaN/Inf values where the reference is finite"),
+])
+def test_wrong_outputs_stop_at_the_tiny_set(results, name, reason):
+    r = results[name]
+    assert (r.correct, r.stage, r.reward) == (False, "compile", 0.3)
+    assert r.error.startswith("tiny: ") and reason in r.error, r.error
+
+
+def test_near_zero_output_cannot_hide_under_atol(results):
+    r = results["near_zero"]
+    assert not r.correct and r.stage == "compile"
+    assert "relative error 1 > 0.01" in r.error, r.error
+    assert r.details["mismatch"] == "near_zero"
+
+
+def test_cheats_caught_at_run_time_score_zero(results):
+    mutated = results["mutates_input"]
+    assert "mutated_inputs" in mutated.flags and mutated.reward == 0.0 and not mutated.correct
+    assert "forward modified its inputs" in mutated.error
+    fallback = results["operator_fallback"]
+    assert "torch_compute" in fallback.flags and fallback.reward == 0.0 and not fallback.correct
+    assert "aten::add.Tensor" in fallback.error and "aten::mul.Tensor" in fallback.error
+
+
+def test_rejected_early_counts(results):
+    summary = summarize_results(list(results.values()))
+    assert summary["total"] == len(CASES) and summary["correct"] == 3 and summary["cached"] == 1
+    assert summary["rejected_at"]["extract"] == 1  # no code
+    assert summary["rejected_at"]["static"] == 1  # syntax error
+    assert summary["rejected_at"]["compile"] == 1  # import error
+    assert summary["rejected_at"]["tiny"] == 6
+    assert summary["per_stage_reached"]["full"] == 3
+    assert summary["flags"]["torch_compute"] == 1 and summary["flags"]["mutated_inputs"] == 1
+
+
+def test_static_check_rejects_explicit_torch_math(config):
+    code = affine_candidate(ret="torch.add(torch.mul(x, self.alpha), 1.0)")
+    r = verify_candidate(AFFINE_PROBLEM, code, config, label="explicit")
+    assert r.stage == "extract" and r.reward == 0.0 and r.isolation == "none"
+    assert "torch_compute" in r.flags
+
+
+def test_library_gemm_is_caught_at_run_time_and_allowed_only_by_policy():
+    problem = textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.linear = nn.Linear(n, n, bias=False)
+
+            def forward(self, x):
+                return self.linear(x)
+
+        batch_size = 2
+        features = 8
+
+        def get_inputs():
+            return [torch.randn(batch_size, features)]
+
+        def get_init_inputs():
+            return [features]
+    """)
+    code = textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+        class ModelNew(nn.Module):
+            def __init__(self, n):
+                super().__init__()
+                self.linear = nn.Linear(n, n, bias=False)
+
+            def forward(self, x):
+                y = torch.empty_like(x)
+                copy_kernel[(1,)](x, y, x.numel(), BLOCK=64)
+                return self.linear(y)
+    """)
+    base = VerifierConfig(device="cpu", timeout_s=90, multi_input_num_tests=1)
+    refused = verify_code_unscreened(problem, code, base, device="cpu")
+    assert "library_gemm" in refused.flags and refused.reward == 0.0 and not refused.correct
+    allowed_cfg = VerifierConfig(device="cpu", timeout_s=90, multi_input_num_tests=1, allow_library_gemm=True)
+    allowed = verify_code_unscreened(problem, code, allowed_cfg, device="cpu")
+    assert allowed.correct and allowed.reward == 0.7, allowed.error
+    assert "library_gemm_allowed" in allowed.flags and allowed.allowed_library_calls
+
+
+def test_timing_protocol_end_to_end_on_cpu(tmp_path):
+    """The timing handshake (lease, worker timing, last-output check) on CPU tensors; the numbers
+    mean nothing here, the protocol is what is tested. On CUDA the same path runs for real."""
+    from extensions.verify.api import _DevicePool
+    from extensions.verify.judge import ProblemPreparer, judge_candidate
+
+    config = VerifierConfig(device="cpu", timeout_s=120, multi_input_num_tests=3, multi_input_shape_variations=False,
+                            timing_num_warmup=1, timing_num_trials=5, timing_budget_s=0.3, timing_max_remeasure=0)
+    pool = _DevicePool("cpu", 1)
+    prepared = ProblemPreparer(config, "cpu", str(tmp_path), pool).prepare(AFFINE_PROBLEM)
+    result = judge_candidate(CORRECT, prepared, config, "cpu", pool, "process", str(tmp_path), "timed",
+                             timing_on_cpu=True)
+    assert result.correct and result.stage == "timing", result.error
+    assert isinstance(result.speedup, float) and result.speedup > 0
+    assert result.timing["speedup"] == result.speedup and "memoized_output" not in result.flags
+    assert 0.7 < result.reward <= 1.0
+
+
+RUNTIME_ONLY_CHEATS = {
+    # name: (forward body after the decoy launch, extra module code, expected flag)
+    "python_scalars": ("return torch.tensor([v * self.alpha + 1.0 for v in x.flatten().tolist()]).view(x.shape)",
+                       "", "output_not_from_kernel"),
+    "thread": ("box = []\n"
+               "t = threading.Thread(target=lambda: box.append(x * self.alpha + 1.0))\n"
+               "t.start()\n"
+               "t.join()\n"
+               "return box[0]", "import threading", "threads"),
+    "subprocess": ("subprocess.run(['true'])\nreturn y", "import subprocess", "subprocess"),
+    "numpy": ("return torch.from_numpy(x.numpy() * self.alpha + 1.0)", "", "numpy_compute"),
+    "returns_input": ("return x", "", "output_aliases_input"),
+    "inherits_model": ("return Model.forward(self, x)",
+                       "class Model(nn.Module):\n    def forward(self, x):\n        return x * self.alpha + 1.0\n",
+                       "inherits_reference"),
+}
+
+
+def runtime_cheat(body: str, extra: str, base: str = "nn.Module") -> str:
+    forward = textwrap.indent(body, " " * 8)
+    return textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+    """) + extra + textwrap.dedent("""
+
+        @triton.jit
+        def affine_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask) * alpha + 1.0, mask=mask)
+
+
+        class ModelNew(BASE):
+            def __init__(self, alpha):
+                super().__init__()
+                self.alpha = alpha
+
+            def forward(self, x):
+                y = torch.empty_like(x)
+                affine_kernel[(triton.cdiv(x.numel(), 64),)](x, y, x.numel(), self.alpha, BLOCK=64)
+    """).replace("BASE", base) + forward + "\n"
+
+
+def test_runtime_audit_catches_what_only_runs(tmp_path):
+    """Cheats judged from the compile stage on (as if the static check had missed them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from extensions.verify.api import _DevicePool
+    from extensions.verify.judge import ProblemPreparer, judge_candidate
+    from extensions.verify.sandbox import choose_isolation
+
+    config = VerifierConfig(device="cpu", timeout_s=90, multi_input_num_tests=1)
+    pool = _DevicePool("cpu", 2)
+    prepared = ProblemPreparer(config, "cpu", str(tmp_path), pool).prepare(AFFINE_PROBLEM)
+    isolation = choose_isolation("auto")
+
+    def judge(item):
+        name, (body, extra, _flag) = item
+        base = "Model" if name == "inherits_model" else "nn.Module"
+        return judge_candidate(runtime_cheat(body, extra, base), prepared, config, "cpu", pool, isolation,
+                               str(tmp_path), name)
+
+    with ThreadPoolExecutor(2) as executor:
+        results = list(executor.map(judge, RUNTIME_ONLY_CHEATS.items()))
+    for (name, (_body, _extra, flag)), result in zip(RUNTIME_ONLY_CHEATS.items(), results):
+        assert flag in result.flags, (name, result.flags, result.error)
+        assert not result.correct and result.reward == 0.0, name
+    honest = judge(("honest", ("return y", "", None)))
+    assert honest.correct and honest.flags == [], honest.error
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_funnel_times_correct_kernels_and_catches_gpu_cheats():
+    problem = AFFINE_PROBLEM.replace("batch_size = 4", "batch_size = 256").replace("dim = 40", "dim = 4096")
+    config = VerifierConfig(device="cuda", timeout_s=300, multi_input_num_tests=3, timing_num_warmup=5,
+                            timing_num_trials=20, timing_budget_s=1.0)
+    side_stream = CORRECT.replace(
+        "affine_kernel[(triton.cdiv(n, 64),)](x, y, n, self.alpha, BLOCK=64)",
+        "stream = torch.cuda.Stream()\n"
+        "        with torch.cuda.stream(stream):\n"
+        "            affine_kernel[(triton.cdiv(n, 64),)](x, y, n, self.alpha, BLOCK=64)\n"
+        "        torch.cuda.current_stream().wait_stream(stream)")
+    results = verify_batch([VerifyRequest(problem, CORRECT, "correct"),
+                            VerifyRequest(problem, affine_candidate(ret="x * self.alpha + 1.0"), "fallback")],
+                           config, device="cuda", progress=False)
+    correct, fallback = results
+    assert correct.correct and correct.stage == "timing", (correct.error, correct.flags, correct.details)
+    assert isinstance(correct.speedup, float) and correct.speedup > 0 and correct.timing
+    assert 0.7 < correct.reward <= 1.0
+    assert {"torch_compute", "non_triton_kernel"} <= set(fallback.flags) and fallback.reward == 0.0
+    hidden = verify_code_unscreened(problem, side_stream, config, device="cuda")
+    assert "side_stream" in hidden.flags and not hidden.correct, (hidden.flags, hidden.error)
+
+
+# -- pieces of the funnel, without processes ----------------------------------------------------
+
+def test_size_constants_are_read_and_rewritten_in_the_source():
+    from extensions.verify.problem_constants import find_size_constants, rewrite_constants
+
+    source = "import torch\nN = 2048 * 2\nM: int = N // 4\nflag = True\nname = 'x'\nK = N + M  # derived\n"
+    constants = {n: c.value for n, c in find_size_constants(source).items()}
+    assert constants == {"N": 4096, "M": 1024, "K": 5120}
+    rewritten = rewrite_constants(source, {"N": 64, "M": 16})
+    assert "N = 64\nM: int = 16\n" in rewritten and "K = N + M  # derived" in rewritten
+    namespace: dict = {}
+    exec(rewritten.replace("import torch\n", ""), namespace)
+    assert namespace["K"] == 80
+
+
+def test_kernelbench_problems_shrink_under_the_cpu_cap(kernelbench_jsonl):
+    import json
+
+    from extensions.verify.problem_constants import rewrite_constants
+    from extensions.verify.reference_worker import meta_numel, shrink_to_cap
+
+    rows = {}
+    with open(kernelbench_jsonl) as fh:
+        for line in fh:
+            row = json.loads(line)
+            if row["level"] == 1 and row["problem_id"] in (1, 19, 23, 95):
+                rows[row["name"]] = row["code"]
+    assert len(rows) == 4
+    for name, code in rows.items():
+        assert meta_numel(code) > 65536, name
+        values, notes = shrink_to_cap(code, 65536)
+        assert notes == [], (name, notes)
+        assert meta_numel(rewrite_constants(code, values)) <= 65536, name
+
+
+def test_nan_passes_only_where_the_reference_has_it():
+    import torch
+
+    from extensions.verify.compare import compare_outputs
+
+    config = VerifierConfig()
+    ref = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+    assert compare_outputs(ref.clone(), ref, config) is None
+    assert compare_outputs(torch.tensor([1.0, float("nan"), float("inf"), float("nan")]), ref,
+                           config).reason == "nan_or_inf"
+    assert compare_outputs(torch.tensor([1.0, 0.0, float("inf"), 2.0]), ref, config).reason == "nan_or_inf"
+    assert compare_outputs(torch.tensor([1.0, float("nan"), float("-inf"), 2.0]), ref, config).reason == "nan_or_inf"
+    assert compare_outputs(ref.double(), ref, config).reason == "dtype"
+    assert compare_outputs((ref,), ref, config).reason == "structure"
+    low = torch.tensor([1.0, 2.0], dtype=torch.float16)
+    assert compare_outputs(low + 0.005, low, config) is None  # fp16 tolerance 1e-2
+    # Inside atol everywhere, caught by the relative-error bound:
+    small = torch.full((1000,), 2e-5)
+    assert compare_outputs(torch.zeros(1000), small, config).reason == "near_zero"
+    off = compare_outputs(small * 1.5, small, config)
+    assert off.reason == "values" and "relative error 0.5 > 0.01" in off.message
+    assert compare_outputs(small * (1 + 1e-5), small, config) is None
