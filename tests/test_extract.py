@@ -109,6 +109,9 @@ CASES = [
     Case("original echoed, then the answer",
          "The original module:\n" + fence(ORIGINAL) + "\nThe Triton version:\n" + fence(SOLUTION),
          SOLUTION, "fenced", absent=("class Model(",)),
+    Case("original repeated inside the answer block, never used",
+         "Full module:\n" + fence(ORIGINAL + "\n\n" + SOLUTION.replace("import torch\nimport torch.nn as nn\n", "")),
+         SOLUTION, "fenced", absent=("class Model(",)),
     Case("draft then final: the last complete block wins",
          "First attempt:\n" + fence(KERNEL + "\n\n" + DRAFT) + "\nImproved version:\n" + fence(SOLUTION),
          SOLUTION, "fenced"),
@@ -218,3 +221,13 @@ def test_normalize_code_falls_back_for_unparseable_text():
 def test_non_text_response_is_an_error():
     result = extract_code(None)  # type: ignore[arg-type]
     assert result.code is None and "not text" in result.error
+
+
+def test_a_used_reference_class_is_kept_for_the_static_check():
+    """Only an unreferenced echo is dropped: subclassing Model must still reach the static check."""
+    from extensions.verify.static_check import static_check
+
+    inherited = ORIGINAL + "\n\n" + MODELNEW.replace("class ModelNew(nn.Module)", "class ModelNew(Model)")
+    result = extract_code(fence(KERNEL + "\n" + inherited.replace("import torch\nimport torch.nn as nn\n", "")))
+    assert "class Model(" in result.code
+    assert "reference_model" in static_check(result.code).flags
