@@ -26,7 +26,7 @@ class SaveSignal:
 
     @classmethod
     def for_run(cls, paths) -> "SaveSignal":
-        return cls(paths.logs / "save_request.json")
+        return cls(paths.save_request)
 
     def install_signal_handlers(self) -> None:
         """SIGUSR1: save at the next step and continue. SIGTERM: save at the next step and stop."""

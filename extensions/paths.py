@@ -94,6 +94,15 @@ class RunPaths:
     def rl_candidates_log(self, round_index: int) -> Path:
         return self.logs / "rl" / f"round-{round_index:03d}.candidates.jsonl"
 
+    @property
+    def save_request(self) -> Path:
+        """Flag file through which another process asks the trainer to checkpoint now."""
+        return self.logs / "save_request.json"
+
+    @property
+    def spot_interruption_report(self) -> Path:
+        return self.logs / "spot_interruption.json"
+
     # outputs ----------------------------------------------------------------------------------
     @property
     def outputs(self) -> Path:

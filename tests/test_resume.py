@@ -23,7 +23,7 @@ from extensions.cloud.s3_sync import CheckpointManager
 from extensions.config import load_config
 from extensions.paths import RunPaths
 
-from test_s3_sync import PROJECT_ROOT, free_port, moto_server, s3  # noqa: F401
+from s3_testing import PROJECT_ROOT, free_port
 
 FAKE_COMMON = r'''
 import argparse, hashlib, json, os, sys, time

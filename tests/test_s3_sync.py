@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +11,6 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
 
 from extensions import checkpoints as ck
 from extensions.cloud.location import S3Location
@@ -22,74 +18,11 @@ from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_ch
 from extensions.cloud.restore import Restorer
 from extensions.cloud.retention import checkpoints_to_prune
 from extensions.cloud.s3_sync import CheckpointManager
-from extensions.config import load_config
 from extensions.paths import RunPaths
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from s3_testing import PROJECT_ROOT, make_checkpoint, small_settings, start_moto
+
 MB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_moto(port: int):
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    return server
-
-
-@pytest.fixture(scope="module")
-def moto_server():
-    port = free_port()
-    server = start_moto(port)
-    yield {"server": server, "port": port, "url": f"http://127.0.0.1:{port}"}
-    server.stop()
-
-
-@pytest.fixture
-def s3(moto_server, monkeypatch):
-    """Dummy credentials and AWS_ENDPOINT_URL pointing at the loopback server; a fresh bucket."""
-    import boto3
-
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server["url"])
-    bucket = f"kernel-rl-test-{uuid.uuid4().hex[:10]}"
-    client = boto3.client("s3")
-    client.create_bucket(Bucket=bucket)
-    return {"client": client, "bucket": bucket, **moto_server}
-
-
-def small_settings(root: Path, **checkpoint):
-    overrides = [f"run.root={root}", "run.run_id=test-run", "checkpoint.prefix=runs",
-                 "checkpoint.multipart_chunk_mb=5", "checkpoint.retry_backoff_s=0.01",
-                 "checkpoint.retry_backoff_max_s=0.05", "checkpoint.max_retries=2",
-                 "checkpoint.sync_interval_s=0.2", "checkpoint.upload_concurrency=4"]
-    overrides += [f"checkpoint.{key}={value}" for key, value in checkpoint.items()]
-    return load_config(PROJECT_ROOT / "configs" / "smoke.yaml", overrides)
-
-
-def make_checkpoint(directory: Path, stage: str, index, payload_bytes: int = 2048, complete: bool = True,
-                    seed: str = "") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    block = hashlib.sha256(f"{directory.name}{seed}".encode()).digest()
-    (directory / "adapter_model.safetensors").write_bytes((block * (payload_bytes // 32 + 1))[:payload_bytes])
-    (directory / "nested").mkdir(exist_ok=True)
-    (directory / "nested" / "trainer_state.json").write_text(json.dumps({"index": index, "seed": seed}))
-    ck.write_meta(directory, stage=stage, config="smoke.yaml", base_model="tiny", data="fake",
-                  step=index if stage == "sft" else None, round_index=index if stage == "rl" else None)
-    if complete:
-        ck.finalize(directory)
-    return directory
 
 
 def make_run(root: Path) -> RunPaths:

@@ -19,12 +19,12 @@ from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.cloud.s3_sync import CheckpointManager
 from extensions.cloud.spot_watcher import (
-    ImdsClient, ImdsUnavailable, InterruptionHandler, SpotNotice, SpotWatcher, interruption_report_path,
+    ImdsClient, ImdsUnavailable, InterruptionHandler, SpotNotice, SpotWatcher,
 )
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
 
-from test_s3_sync import PROJECT_ROOT, free_port, make_checkpoint, moto_server, s3, small_settings  # noqa: F401
+from s3_testing import PROJECT_ROOT, free_port, make_checkpoint, small_settings
 
 
 class MetadataStandIn:
@@ -144,7 +144,7 @@ def test_spot_notice_leads_to_checkpoint_and_emergency_sync_within_deadline(s3, 
     location = S3Location(s3["bucket"], "runs", "test-run")
     manager = CheckpointManager(cfg.checkpoint, paths, location)
     manager.start()  # periodic sync, first round now
-    handler = InterruptionHandler(SaveSignal.for_run(paths), manager, cfg.checkpoint, interruption_report_path(paths))
+    handler = InterruptionHandler(SaveSignal.for_run(paths), manager, cfg.checkpoint, paths.spot_interruption_report)
     watcher = SpotWatcher(ImdsClient(imds.url), cfg.checkpoint.spot_poll_interval_s, handler.handle)
     stop, events = threading.Event(), []
     trainer = threading.Thread(target=fake_trainer, args=(paths, stop, events), daemon=True)
@@ -172,7 +172,7 @@ def test_spot_notice_leads_to_checkpoint_and_emergency_sync_within_deadline(s3, 
     sealed = [c.rel_dir for c in remote_checkpoints(list_objects(s3["client"], location),
                                                     ManifestReader(s3["client"], location)) if c.complete]
     assert f"checkpoints/sft/checkpoint-{saved_step}" in sealed
-    written = json.loads(interruption_report_path(paths).read_text())
+    written = json.loads(paths.spot_interruption_report.read_text())
     assert written["within_deadline"] and written["checkpoint"].endswith(f"checkpoint-{saved_step}")
 
 
@@ -204,4 +204,4 @@ def test_watch_process_answers_sigterm_with_save_request_and_emergency_sync(s3, 
     assert "checkpoint requested" in output and "no save acknowledged" in output
     assert SaveSignal.for_run(paths).flag_path.exists()  # the request a trainer would have served
     assert "checkpoints/sft/checkpoint-2/manifest.json" in list_objects(s3["client"], location)
-    assert json.loads(interruption_report_path(paths).read_text())["action"] == "sigterm"
+    assert json.loads(paths.spot_interruption_report.read_text())["action"] == "sigterm"

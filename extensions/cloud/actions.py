@@ -77,14 +77,14 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     emergency sync). With ``exit_with_parent`` it also stops (final sync) once the process that
     started it is gone, so a SIGKILLed run_pipeline.sh leaves no watcher behind."""
     from .s3_sync import CheckpointManager
-    from .spot_watcher import ImdsClient, InterruptionHandler, SpotNotice, SpotWatcher, interruption_report_path
+    from .spot_watcher import ImdsClient, InterruptionHandler, SpotNotice, SpotWatcher
 
     settings = cfg.checkpoint
     save_signal = SaveSignal.for_run(paths)
     if save_signal.clear_request():
         log.info("cleared a save request left by an earlier, interrupted run")
     manager = CheckpointManager(settings, paths, location) if location is not None else None
-    handler = InterruptionHandler(save_signal, manager, settings, interruption_report_path(paths))
+    handler = InterruptionHandler(save_signal, manager, settings, paths.spot_interruption_report)
     watcher = SpotWatcher(ImdsClient(settings.metadata_endpoint), settings.spot_poll_interval_s,
                           handler.handle, settings.notice_deadline_s)
     received: list[int] = []

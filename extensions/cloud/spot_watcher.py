@@ -194,10 +194,6 @@ class InterruptionReport:
         return {**asdict(self), "margin_s": self.margin_s, "within_deadline": self.within_deadline}
 
 
-def interruption_report_path(paths) -> Path:
-    return paths.logs / "spot_interruption.json"
-
-
 class InterruptionHandler:
     """Save now, wait for the trainer (bounded), then sync what is new before the deadline.
 
