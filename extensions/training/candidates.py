@@ -1,0 +1,97 @@
+"""The per-round candidate log (JSONL): every sampled response and every verdict, on disk as soon as
+it is known, so an interrupted round resumes without sampling or verifying anything twice.
+
+Records, one JSON object per line:
+
+- ``{"type": "round", "round", "task_ids", "policy"}``: first line; which tasks the round samples
+  and a fingerprint of the adapter it samples from. A log whose header disagrees with the round
+  being run belongs to another policy and is set aside (renamed ``*.stale-N``), never reused.
+- ``{"type": "sample", "task_id", "sample_index", "text", "sha1"}``
+- ``{"type": "verdict", "task_id", "sample_index", "sha1", "result": VerifyResult.to_dict()}``;
+  applies only to the sample with the same ``sha1``.
+
+Each record is written with one ``write`` on an ``O_APPEND`` descriptor and fsynced, so records of
+several ranks appending to the same file do not interleave and a crash loses at most a partial last
+line, which the reader counts and skips.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+
+def text_sha1(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class LogContents:
+    header: Optional[dict] = None
+    samples: dict[tuple[str, int], str] = field(default_factory=dict)
+    verdicts: dict[tuple[str, int], dict] = field(default_factory=dict)
+    damaged_lines: int = 0
+
+
+class CandidateLog:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for record in records:
+                os.write(fd, (json.dumps(record, default=str) + "\n").encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self) -> LogContents:
+        contents = LogContents()
+        if not self.path.is_file():
+            return contents
+        sample_sha: dict[tuple[str, int], str] = {}
+        pending_verdicts = []
+        with open(self.path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                    kind = record["type"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    contents.damaged_lines += 1
+                    continue
+                if kind == "round" and contents.header is None:
+                    contents.header = record
+                elif kind == "sample":
+                    key = (str(record["task_id"]), int(record["sample_index"]))
+                    contents.samples[key] = record["text"]
+                    sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
+                elif kind == "verdict":
+                    pending_verdicts.append(record)
+        for record in pending_verdicts:
+            key = (str(record["task_id"]), int(record["sample_index"]))
+            if key in sample_sha and record.get("sha1") == sample_sha[key]:
+                contents.verdicts[key] = record["result"]
+        return contents
+
+    def set_aside(self) -> Path:
+        """Rename a log that belongs to another policy or task list; returns the new name."""
+        n = 1
+        while (stale := self.path.with_name(f"{self.path.name}.stale-{n}")).exists():
+            n += 1
+        os.replace(self.path, stale)
+        return stale
+
+
+def sample_record(task_id: str, sample_index: int, text: str) -> dict:
+    return {"type": "sample", "task_id": task_id, "sample_index": sample_index, "text": text, "sha1": text_sha1(text)}
+
+
+def verdict_record(task_id: str, sample_index: int, text: str, result: dict) -> dict:
+    return {"type": "verdict", "task_id": task_id, "sample_index": sample_index, "sha1": text_sha1(text), "result": result}

@@ -1,0 +1,61 @@
+"""Writing adapter checkpoints that resume exactly and are complete only once finished.
+
+Order inside a checkpoint directory: adapter weights, optimizer/scheduler, trainer state, each
+rank's RNG streams, extra files, ``meta.json``; then ``checkpoints.finalize`` writes
+``manifest.json`` last. A directory left half-written by a crash has no manifest and is ignored
+(and replaced when the same step is saved again).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .. import checkpoints
+from ..modeling import model_meta
+from . import state as train_state
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """Name, size and sha256 of a data file, for meta.json's ``data`` field."""
+    path = Path(path)
+    if not path.is_file():
+        return {"path": str(path), "missing": True}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"path": str(path), "size": path.stat().st_size, "sha256": digest}
+
+
+def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, data: Any,
+                            optimizer=None, scheduler=None, trainer_state: Optional[train_state.TrainerState] = None,
+                            tokenizer=None, step: Optional[int] = None, round_index: Optional[int] = None,
+                            write_extra: Optional[Callable[[Path], None]] = None, **meta_extra: Any) -> Path:
+    """Write and finalize one checkpoint; collective (every rank calls it)."""
+    directory = Path(directory)
+    if dist.is_main:
+        if directory.exists():
+            shutil.rmtree(directory)  # an incomplete leftover of a killed save, or --force
+        directory.mkdir(parents=True)
+        dist.unwrap(model).save_pretrained(str(directory))
+        if optimizer is not None:
+            train_state.save_optimizer(directory, optimizer, scheduler)
+        if trainer_state is not None:
+            train_state.save_trainer_state(directory, trainer_state)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
+        if write_extra is not None:
+            write_extra(directory)
+    dist.barrier()
+    train_state.save_rng_state(directory, dist.rank)
+    dist.barrier()
+    if dist.is_main:
+        checkpoints.write_meta(
+            directory, stage=stage, config=cfg.source, base_model=cfg.model.name_or_path, data=data,
+            step=step, round_index=round_index, model=model_meta(cfg.model), lora=dataclasses.asdict(cfg.lora),
+            run_id=cfg.run.run_id, world_size=dist.world_size, **meta_extra,
+        )
+        checkpoints.finalize(directory)
+        print(f"[{stage}] saved complete checkpoint {directory}", flush=True)
+    dist.barrier()
+    return directory

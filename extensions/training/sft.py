@@ -1,0 +1,191 @@
+"""Stage 2: LoRA supervised fine-tuning on KernelBook pairs, resumable to the exact step.
+
+``run_sft`` trains on ``sft_train.jsonl`` (completion-only loss; batching per ``sft.batching``),
+evaluates on ``sft_val.jsonl`` every ``eval_every_steps``, checkpoints every ``save_every_steps``
+(keeping the newest ``keep_last_checkpoints``) and whenever a ``SaveSignal`` asks, and writes the
+final adapter + tokenizer to ``checkpoints/sft/final``. A rerun resumes from the newest complete
+checkpoint and reproduces the uninterrupted run's adapter.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from .. import checkpoints
+from ..modeling import attach_lora, enable_gradient_checkpointing, load_adapter, load_base_model, load_tokenizer
+from ..paths import RunPaths
+from . import state as train_state
+from .batching import read_sft_jsonl, tokenize_examples
+from .distributed import make_dist
+from .metrics import MetricsLogger
+from .saving import file_fingerprint, save_adapter_checkpoint
+from .trainer import AdapterTrainer, OptimSettings, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageOutcome:
+    status: str  # "finished" | "skipped" | "stopped"
+    directory: Optional[str] = None  # final/ when finished or skipped, the saved checkpoint when stopped
+    detail: str = ""
+
+
+def set_seed(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def prepare_trainable_model(cfg, dist, *, resume_from=None, gradient_checkpointing: bool = False):
+    """Base model with a LoRA adapter: loaded (trainable) from ``resume_from`` or freshly attached."""
+    device = None if cfg.model.device_map else str(dist.device)
+    model = load_base_model(cfg.model, device=device, for_training=True)
+    if resume_from is not None:
+        model = load_adapter(model, resume_from, trainable=True)
+    else:
+        set_seed(cfg.run.seed)  # LoRA initialisation is random
+        model = attach_lora(model, cfg.lora)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def _total_steps(sft_cfg, steps_per_epoch: int) -> int:
+    if sft_cfg.max_steps > 0:
+        return sft_cfg.max_steps
+    return max(1, math.ceil(sft_cfg.num_epochs * steps_per_epoch))
+
+
+def _clear_stage(paths: RunPaths, dist) -> None:
+    if dist.is_main:
+        shutil.rmtree(paths.stage_dir("sft"), ignore_errors=True)
+        print("[sft] --force: retraining from scratch; removed existing SFT checkpoints", flush=True)
+    dist.barrier()
+
+
+def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True) -> StageOutcome:
+    paths = RunPaths.from_config(cfg)
+    final_dir = paths.final("sft")
+    dist = make_dist(cfg.model)
+    if checkpoints.is_complete(final_dir) and not force:
+        msg = f"[sft] {final_dir} is complete; skipping the stage (use --force to retrain)"
+        if dist.is_main:
+            print(msg, flush=True)
+        return StageOutcome("skipped", str(final_dir), msg)
+    if force:
+        _clear_stage(paths, dist)
+
+    sft = cfg.sft
+    tokenizer = load_tokenizer(cfg.model)
+    train_pairs, train_rows = read_sft_jsonl(paths.sft_train)
+    train_examples, train_tok = tokenize_examples(tokenizer, train_pairs, sft.max_seq_len, "sft_train", progress and dist.is_main)
+    val_examples = []
+    if paths.sft_val.is_file():
+        val_pairs, val_rows = read_sft_jsonl(paths.sft_val)
+        val_examples, val_tok = tokenize_examples(tokenizer, val_pairs, sft.max_seq_len, "sft_val", progress and dist.is_main)
+        reports = [val_rows.summary("sft_val rows"), val_tok.summary("sft_val tokenized")]
+    else:
+        reports = [f"sft_val: {paths.sft_val} not found; no validation loss"]
+    if dist.is_main:
+        for line in [train_rows.summary("sft_train rows"), train_tok.summary("sft_train tokenized"), *reports]:
+            print(f"[sft] {line}", flush=True)
+    if not train_examples:
+        raise ValueError(f"no usable SFT examples in {paths.sft_train}")
+
+    settings = OptimSettings.from_sft(sft)
+    plan = StepPlan(train_examples, settings, seed=cfg.run.seed, world_size=dist.world_size)
+    if plan.steps_per_epoch == 0:
+        raise ValueError(
+            f"{len(train_examples)} SFT examples make fewer micro-batches than one optimizer step needs "
+            f"({plan.per_step} = gradient_accumulation_steps x processes); lower the batch settings"
+        )
+    if dist.is_main and plan.dropped_per_epoch:
+        print(f"[sft] each epoch leaves out its last {plan.dropped_per_epoch} micro-batch(es), which do not fill "
+              f"an optimizer step (a new shuffle each epoch)", flush=True)
+    total_steps = _total_steps(sft, plan.steps_per_epoch)
+
+    resume_dir = checkpoints.newest_complete(paths.stage_dir("sft"))
+    model = prepare_trainable_model(cfg, dist, resume_from=resume_dir, gradient_checkpointing=sft.gradient_checkpointing)
+    trainer = AdapterTrainer(model, dist, settings, pad_token_id=tokenizer.pad_token_id, total_steps=total_steps)
+    state = train_state.TrainerState(total_steps=total_steps, steps_per_epoch=plan.steps_per_epoch)
+    if resume_dir is not None:
+        train_state.load_optimizer(resume_dir, trainer.optimizer, trainer.scheduler, map_location=str(dist.device))
+        saved = train_state.load_trainer_state(resume_dir)
+        if saved.steps_per_epoch != plan.steps_per_epoch or saved.total_steps != total_steps:
+            raise ValueError(
+                f"{resume_dir} was written with {saved.steps_per_epoch} steps/epoch and {saved.total_steps} total steps; "
+                f"this run plans {plan.steps_per_epoch} and {total_steps}: the data or batch settings changed "
+                "(use --force to restart the stage)"
+            )
+        state = saved
+        if not train_state.load_rng_state(resume_dir, dist.rank):
+            print(f"[sft] warning: {resume_dir} holds no RNG state for rank {dist.rank}; dropout streams will differ", flush=True)
+        if dist.is_main:
+            print(f"[sft] resuming from {resume_dir} at step {state.step}/{total_steps}", flush=True)
+    else:
+        set_seed(cfg.run.seed + dist.rank)
+
+    data_meta = {"train": file_fingerprint(paths.sft_train), "val": file_fingerprint(paths.sft_val),
+                 "train_examples": len(train_examples), "val_examples": len(val_examples)}
+    metrics = MetricsLogger.for_stage(paths, "sft", enabled=dist.is_main)
+
+    def save(directory, **extra):
+        return save_adapter_checkpoint(
+            directory, dist=dist, model=trainer.model, cfg=cfg, stage="sft", data=data_meta,
+            optimizer=trainer.optimizer, scheduler=trainer.scheduler, trainer_state=state, step=state.step, **extra,
+        )
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total_steps, initial=state.step, desc="sft", unit="step", disable=not (progress and dist.is_main))
+    try:
+        while state.step < total_steps:
+            if save_signal is not None and dist.any(save_signal.save_requested()):
+                saved_dir = save(paths.sft_checkpoint(state.step))
+                stop = dist.any(save_signal.stop_requested())
+                save_signal.acknowledge(saved_dir)
+                if stop:
+                    if dist.is_main:
+                        print(f"[sft] stop requested ({save_signal.reason}); saved {saved_dir}", flush=True)
+                    return StageOutcome("stopped", str(saved_dir), f"stopped at step {state.step}")
+            stats = trainer.train_step(plan, state.step)
+            state.step += 1
+            state.tokens_seen += stats["tokens"]
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}")
+            if state.step % max(1, sft.log_every_steps) == 0 or state.step == total_steps:
+                metrics.log(state.step, {**stats, "epoch": state.step / plan.steps_per_epoch})
+            if sft.eval_every_steps > 0 and state.step % sft.eval_every_steps == 0 and state.step < total_steps:
+                _evaluate(trainer, val_examples, state, metrics)
+            if sft.save_every_steps > 0 and state.step % sft.save_every_steps == 0 and state.step < total_steps:
+                save(paths.sft_checkpoint(state.step))
+                if dist.is_main:
+                    checkpoints.prune(paths.stage_dir("sft"), sft.keep_last_checkpoints)
+        _evaluate(trainer, val_examples, state, metrics)
+        save(final_dir, tokenizer=tokenizer, final_eval_loss=state.last_eval_loss)
+    finally:
+        bar.close()
+        metrics.close()
+    return StageOutcome("finished", str(final_dir), f"{total_steps} steps")
+
+
+def _evaluate(trainer: AdapterTrainer, val_examples, state: train_state.TrainerState, metrics: MetricsLogger) -> None:
+    if not val_examples:
+        return
+    started = time.perf_counter()
+    loss = trainer.evaluate(val_examples)
+    state.last_eval_loss = loss
+    state.history.append({"step": state.step, "eval_loss": loss})
+    metrics.log(state.step, {"eval_loss": loss, "eval_seconds": time.perf_counter() - started}, kind="eval")

@@ -1,0 +1,84 @@
+"""Batched sampling: shapes, reproducibility, greedy equivalence with unbatched generation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from extensions.modeling import prepare_tokenizer
+from extensions.sampling import SamplingParams, render_prompt_ids, sample_completions, sample_token_ids
+from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    tokenizer = build_tiny_tokenizer()
+    prepare_tokenizer(tokenizer)
+    model = build_tiny_qwen2(len(tokenizer), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.eval()
+    return model, tokenizer
+
+
+PROMPTS = [
+    [{"role": "user", "content": "relu"}],
+    [{"role": "system", "content": "You write Triton."}, {"role": "user", "content": "softmax over the last dim please"}],
+    [{"role": "user", "content": "matmul " * 12}],
+]
+
+
+def test_n_completions_per_prompt_reproducible_for_a_seed(tiny):
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=5, batch_size=4)
+    first = sample_completions(model, tokenizer, PROMPTS, 3, params, progress=False)
+    assert len(first) == 3 and all(len(per_prompt) == 3 and all(isinstance(t, str) for t in per_prompt) for per_prompt in first)
+    assert sample_completions(model, tokenizer, PROMPTS, 3, params, progress=False) == first
+    other = sample_completions(model, tokenizer, PROMPTS, 3, SamplingParams(max_new_tokens=8, temperature=1.0, seed=6, batch_size=4),
+                               progress=False)
+    assert other != first
+    assert sample_completions(model, tokenizer, [], 3, params) == []
+
+
+def test_greedy_batched_equals_one_prompt_at_a_time(tiny):
+    """Left padding and batching must not change what the model generates."""
+    model, tokenizer = tiny
+    prompt_ids = render_prompt_ids(tokenizer, PROMPTS)
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, batch_size=8)
+    batched = sample_token_ids(model, prompt_ids, 2, params, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_ids=[tokenizer.eos_token_id], progress=False)
+    for p, ids in enumerate(prompt_ids):
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        single = out[0, len(ids):].tolist()
+        if tokenizer.eos_token_id in single:
+            single = single[:single.index(tokenizer.eos_token_id)]
+        assert batched[p][0] == single and batched[p][1] == single
+
+
+def test_generation_stops_at_eos_and_strips_it(tiny):
+    model, tokenizer = tiny
+    eos = tokenizer.eos_token_id
+    # A forward hook makes the model predict eos at every position: every continuation is empty.
+    biased = build_tiny_qwen2(len(tokenizer), eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    biased.eval()
+
+    def always_eos(module, args, output):
+        logits = torch.full_like(output.logits, -1e9)
+        logits[..., eos] = 0.0
+        output.logits = logits
+        return output
+
+    handle = biased.register_forward_hook(always_eos)
+    try:
+        texts = sample_completions(biased, tokenizer, PROMPTS[:2], 2, SamplingParams(max_new_tokens=6, temperature=0.7),
+                                   progress=False)
+    finally:
+        handle.remove()
+    assert texts == [["", ""], ["", ""]]
+
+
+def test_bad_arguments_are_rejected(tiny):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="n must be"):
+        sample_completions(model, tokenizer, PROMPTS, 0, SamplingParams())
+    with pytest.raises(ValueError, match="batch_size"):
+        sample_completions(model, tokenizer, PROMPTS, 1, SamplingParams(batch_size=0))
