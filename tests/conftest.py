@@ -8,13 +8,36 @@ from pathlib import Path
 import pytest
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-KERNELBENCH_JSONL = PROJECT_ROOT.parent / "shared" / "kernelbench" / "kernelbench_problems.jsonl"
+KERNELBENCH_JSONL = Path(os.environ.get(
+    "KERNELBENCH_JSONL", PROJECT_ROOT.parent / "shared" / "kernelbench" / "kernelbench_problems.jsonl"))
 
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-# Triton kernels run in the interpreter on CPU.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Without a GPU, Triton kernels run in the interpreter; on a GPU machine they compile for real.
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def verify_device() -> str:
+    """Device the candidate suites are judged on: cpu (interpreter) here, cuda on a GPU machine
+    (``KERNEL_RL_TEST_DEVICE=cuda``), where the same verdicts must hold and timing runs too."""
+    device = os.environ.get("KERNEL_RL_TEST_DEVICE", "cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("KERNEL_RL_TEST_DEVICE=cuda but no CUDA device")
+    return device
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,7 @@ def verifier_config():
 
 
 @pytest.fixture(scope="module")
-def suite_results(kernelbench_jsonl, verifier_config):
+def suite_results(kernelbench_jsonl, verifier_config, verify_device):
     from extensions.verify import VerifyRequest, verify_batch
 
     files = CHEATS + WRONG
@@ -72,7 +72,7 @@ def suite_results(kernelbench_jsonl, verifier_config):
     for name, value in SECRETS.items():
         environment.setenv(name, value)
     try:
-        results = verify_batch(requests, verifier_config, device="cpu", progress=False)
+        results = verify_batch(requests, verifier_config, device=verify_device, progress=False)
     finally:
         environment.undo()
     assert [r.candidate for r in results] == ALL_LABELS, "verify_batch must keep request order"

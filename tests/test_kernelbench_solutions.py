@@ -1,5 +1,6 @@
 """Every correct KernelBench solution in tests/fixtures/candidates/kernelbench/ must pass the
-verifier's whole CPU funnel: correct, stage ``full``, reward ``reward_full_correct`` (0.7), no flags.
+verifier's whole funnel: correct, no cheating flags; on CPU stage ``full`` with reward
+``reward_full_correct`` (0.7); on CUDA (``KERNEL_RL_TEST_DEVICE=cuda``) also timed, with a speedup.
 
 The solutions are real Triton kernels run in the interpreter on the verifier's shrunk and varied
 shapes; problems are read from the shared KernelBench JSONL, never copied. One ``verify_batch`` call
@@ -32,12 +33,12 @@ def verifier_config():
 
 
 @pytest.fixture(scope="module")
-def solution_results(kernelbench_jsonl, verifier_config):
+def solution_results(kernelbench_jsonl, verifier_config, verify_device):
     from extensions.verify import VerifyRequest, verify_batch
 
     problems = catalog.load_problems(kernelbench_jsonl, {s.problem_key for s in SOLUTIONS})
     requests = [VerifyRequest(problems[s.problem_key]["code"], s.text, label=s.name) for s in SOLUTIONS]
-    results = verify_batch(requests, verifier_config, device="cpu", progress=False)
+    results = verify_batch(requests, verifier_config, device=verify_device, progress=False)
     assert [r.candidate for r in results] == SOLUTION_NAMES, "verify_batch must keep request order"
     return dict(zip(SOLUTION_NAMES, results))
 
@@ -58,11 +59,19 @@ def test_solution_header_names_its_problem(name, kernelbench_jsonl):
 
 
 @pytest.mark.parametrize("name", SOLUTION_NAMES)
-def test_solution_passes_full_funnel(name, solution_results, verifier_config):
+def test_solution_passes_full_funnel(name, solution_results, verifier_config, verify_device):
+    from extensions.verify.reward import is_cheating
+
     result = solution_results[name]
     assert result.correct, f"{name}: rejected at stage {result.stage}: {result.error} flags={result.flags}"
-    assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
-    assert result.reward == pytest.approx(verifier_config.reward_full_correct)
-    assert result.flags == [], f"{name}: false-positive flags {result.flags}"
-    assert result.speedup is None  # no timing on CPU
     assert result.isolation in ("bwrap", "process")
+    if verify_device == "cpu":
+        assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
+        assert result.reward == pytest.approx(verifier_config.reward_full_correct)
+        assert result.flags == [], f"{name}: false-positive flags {result.flags}"
+        assert result.speedup is None  # no timing on CPU
+    else:
+        assert result.stage == "timing", f"{name}: stage {result.stage} ({result.error})"
+        assert not is_cheating(result.flags), f"{name}: false-positive flags {result.flags}"
+        assert result.speedup is not None and result.speedup > 0
+        assert verifier_config.reward_full_correct <= result.reward <= 1.0

@@ -11,7 +11,7 @@ from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_ch
 from extensions.paths import RunPaths
 
 from test_resume import final_states, stage_env, write_config, write_fake_stages
-from test_s3_sync import PROJECT_ROOT, moto_server, s3  # noqa: F401
+from s3_testing import PROJECT_ROOT
 
 SCRIPT = PROJECT_ROOT / "run_pipeline.sh"
 

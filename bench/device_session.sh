@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs GPU measurements and GPU tests in one go on a CUDA machine, each step bounded by its own
+# time limit so that one failure or hang costs that step only. Logs go to $OUT (default
+# ./outputs/device), and the tables are printed together at the end.
+#
+#   bash bench/device_session.sh env gpu_tests verifier            # one call
+#   bash bench/device_session.sh timing                            # another
+#   bash bench/device_session.sh rollout sft
+#   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
+#
+# KernelBench is read from KERNELBENCH (default: ../shared/kernelbench/..., else .carry/kernelbench/...).
+# A bubblewrap binary in .carry/bin is put on PATH when the machine has none.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-outputs/device}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+command -v bwrap >/dev/null 2>&1 || { [ -x .carry/bin/bwrap ] && export PATH="$PWD/.carry/bin:$PATH"; }
+PY=${PYTHON:-python3}
+for candidate in ../shared/kernelbench/kernelbench_problems.jsonl .carry/kernelbench/kernelbench_problems.jsonl; do
+  [ -f "$candidate" ] && KERNELBENCH=${KERNELBENCH:-$candidate}
+done
+KERNELBENCH=${KERNELBENCH:-missing}
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "=== $name (limit ${limit}s)"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - start))s"
+  echo "$name exit=$rc seconds=$((SECONDS - start))" >>"$OUT/summary.txt"
+}
+
+run_env() {
+  step env 60 bash -c "nvidia-smi -L; $PY -c 'import torch, triton, transformers, peft, accelerate; \
+print(torch.__version__, triton.__version__, transformers.__version__, peft.__version__, accelerate.__version__); \
+print(torch.cuda.get_device_name(0), torch.cuda.device_count())'; bwrap --version; \
+bwrap --ro-bind / / --dev /dev --proc /proc --unshare-net true && echo bwrap-works"
+}
+
+run_gpu_tests() {
+  step gpu_tests 300 "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py -p no:cacheprovider
+  step gpu_suites 420 env KERNEL_RL_TEST_DEVICE=cuda KERNELBENCH_JSONL="$KERNELBENCH" \
+    "$PY" -m pytest -q tests/test_kernelbench_solutions.py tests/test_adversarial.py -p no:cacheprovider
+}
+
+run_verifier() {
+  step verifier_throughput 300 "$PY" bench/verifier_throughput.py --kernelbench "$KERNELBENCH" --device cuda --copies 2
+}
+
+run_timing() {
+  step timing_accuracy 560 "$PY" bench/timing_accuracy.py --kernelbench "$KERNELBENCH" --out "$OUT/timing_accuracy.md" --max-minutes 8.5
+}
+
+run_rollout() {
+  step rollout_throughput 330 "$PY" bench/rollout_throughput.py
+}
+
+run_sft() {
+  step sft_throughput 240 "$PY" bench/sft_throughput.py
+}
+
+run_multi_gpu() {
+  local root=/tmp/kernel-rl-multi
+  rm -rf "$root"
+  step multi_gpu_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
+    && $PY prepare_data.py --smoke --set run.root=$root/ddp --no_progress"
+  local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
+                --set verifier.device=cuda --set rl.max_new_tokens=64 --set eval.max_new_tokens=64)
+  step multi_gpu_ddp 300 "$PY" -m accelerate.commands.launch --num_processes 2 --mixed_precision no \
+    train_integrated.py --stage all "${common[@]}" --set "run.root=$root/ddp"
+  step multi_gpu_device_map 200 bash -c "cp -r $root/ddp/data $root/devmap-data && mkdir -p $root/devmap && mv $root/devmap-data $root/devmap/data \
+    && $PY train_integrated.py --stage sft ${common[*]} --set run.root=$root/devmap --set model.device_map=auto"
+  find "$root" -maxdepth 4 -name meta.json -path '*final*' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \; >"$OUT/multi_gpu_checkpoints.txt" 2>&1
+}
+
+for name in "$@"; do
+  case "$name" in
+    env) run_env ;; gpu_tests) run_gpu_tests ;; verifier) run_verifier ;; timing) run_timing ;;
+    rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;;
+    *) echo "unknown step $name" >&2; exit 2 ;;
+  esac
+done
+
+echo; echo "##### summary"; cat "$OUT/summary.txt"
+for log in "$OUT"/*.log; do
+  echo; echo "##### $(basename "$log") (tail)"
+  tail -n 40 "$log"
+done
