@@ -50,7 +50,7 @@ run_verifier() {
 }
 
 run_timing() {
-  step timing_accuracy 560 "$PY" bench/timing_accuracy.py --kernelbench "$KERNELBENCH" --out "$OUT/timing_accuracy.md" --max-minutes 8.5
+  step timing_accuracy 380 "$PY" bench/timing_accuracy.py --kernelbench "$KERNELBENCH" --out "$OUT/timing_accuracy.md" --max-minutes 5
 }
 
 run_rollout() {

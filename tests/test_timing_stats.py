@@ -239,6 +239,24 @@ def test_budget_mode_cuts_a_slow_candidate_to_fit():
     assert report.speedup == pytest.approx(40.0 / 60.0, rel=0.02)
 
 
+class CompilingRunner(SimulatedRunner):
+    """The candidate's first call stands for Triton's JIT compile: seconds of host time."""
+
+    COMPILE_S = 5.0
+
+    def time_call(self, role):
+        if role == "candidate" and not any(r == "candidate" for r, _ in self.calls):
+            self.clock.now += self.COMPILE_S
+        return super().time_call(role)
+
+
+def test_first_call_compilation_is_not_charged_to_the_budget():
+    runner = CompilingRunner(FakeClock(), ref_ms=0.05, cand_ms=0.05, noise=0.01)
+    report = _run(runner, _settings(mode="budget", budget_s=1.0, num_trials=50, max_trials=1000))
+    assert not report.cut_to_budget and "timing_budget_cut" not in report.flags
+    assert report.trials >= 50
+
+
 def test_budget_mode_floors_and_caps_trials():
     slow = SimulatedRunner(FakeClock(), ref_ms=400.0, cand_ms=400.0, noise=0.001)
     report = _run(slow, _settings(mode="budget", budget_s=1.0, min_trials=10))

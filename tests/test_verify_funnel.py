@@ -464,3 +464,29 @@ def test_nan_passes_only_where_the_reference_has_it():
     off = compare_outputs(small * 1.5, small, config)
     assert off.reason == "values" and "relative error 0.5 > 0.01" in off.message
     assert compare_outputs(small * (1 + 1e-5), small, config) is None
+
+
+def test_atol_grows_only_on_sets_the_verifier_scaled_up():
+    """Rounding noise at zero crossings of a x100 output passes there, and nowhere else."""
+    import torch
+
+    from extensions.verify.compare import compare_outputs
+
+    config = VerifierConfig()
+    ref = torch.linspace(-300.0, 300.0, 1001)
+    noisy = ref + 5e-4 * torch.sign(torch.randn(1001))  # fp32 summation-order noise of a x100 GEMM
+    assert compare_outputs(noisy, ref, config).reason == "values"
+    assert compare_outputs(noisy, ref, config, atol_scale=100.0) is None
+    # A real error is still an error at that scale, and scaling never tightens below 1.
+    assert compare_outputs(ref + 0.5, ref, config, atol_scale=100.0).reason == "values"
+    assert compare_outputs(noisy, ref, config, atol_scale=0.01).reason == "values"
+
+
+def test_scaled_up_set_records_its_output_scale():
+    from extensions.verify.reference_worker import _rms
+
+    import torch
+
+    assert _rms(torch.full((4,), 3.0)) == 3.0
+    assert _rms((torch.ones(2), torch.full((2,), 3.0))) == (5.0) ** 0.5
+    assert _rms(torch.tensor([1, 2])) == 0.0  # integer outputs carry no rounding noise

@@ -191,21 +191,24 @@ class SpeedupScheduler:
 
     # --- phases ---------------------------------------------------------------------------------
 
-    def _warm_up(self) -> tuple[int, float]:
-        """Runs warm-up pairs; returns (pairs run, estimated seconds per timed pair)."""
+    def _warm_up(self) -> tuple[int, float, float]:
+        """Runs warm-up pairs; returns (pairs run, estimated seconds per timed pair, seconds of
+        warm-up that count against the budget).
+
+        The first pair may include Triton's JIT compilation and allocator growth: that is neither
+        what a trial costs nor GPU time, so it counts against neither the estimate nor the budget.
+        """
         settings = self.settings
         costs = []
-        started = self.clock()
         for number in range(settings.num_warmup):
             before = self.clock()
             self._run_pair(self._next_index(), "warmup", check_outputs=number == 0)
             costs.append(self.clock() - before)
-            spent = self.clock() - started
+            spent = sum(costs[1:])
             if settings.mode == "budget" and number >= 1 and spent > WARMUP_BUDGET_SHARE * settings.budget_s:
                 break
-        # The first pair may include compilation and allocator growth: not what a trial costs.
         steady = costs[1:] if len(costs) > 1 else costs
-        return len(costs), max(median(steady), 1e-9)
+        return len(costs), max(median(steady), 1e-9), sum(costs[1:])
 
     def _plan_trials(self, pair_cost_s: float, warmup_s: float) -> tuple[int, bool]:
         settings = self.settings
@@ -259,8 +262,8 @@ class SpeedupScheduler:
     def _run(self) -> SpeedupReport:
         settings = self.settings
         started = self.clock()
-        warmup_pairs, pair_cost_s = self._warm_up()
-        trials, cut = self._plan_trials(pair_cost_s, self.clock() - started)
+        warmup_pairs, pair_cost_s, warmup_s = self._warm_up()
+        trials, cut = self._plan_trials(pair_cost_s, warmup_s)
 
         measurements = [self._measure(trials)]
         while not is_stable(measurements[-1].summary, settings.max_cv) and len(measurements) <= settings.max_remeasure:

@@ -5,7 +5,11 @@ Checks, per output tensor (tuples are compared element-wise):
 * same structure, exact shape and exact dtype;
 * non-finite values: a NaN/Inf in the candidate passes only where the reference has the very same
   non-finite value at the same position (a reference that itself yields NaN there is matched);
-* ``allclose`` on the finite positions with atol/rtol by dtype (fp32: 1e-4; fp16/bf16: 1e-2);
+* ``allclose`` on the finite positions with atol/rtol by dtype (fp32: 1e-4; fp16/bf16: 1e-2); on
+  an input set the verifier scaled up, atol is multiplied by how much the reference output grew
+  against the default set (``atol_scale`` >= 1), since rounding error grows with the magnitudes
+  summed: a correct fp32 GEMM on inputs x100 differs from cuBLAS by ~5e-4 where the output
+  crosses zero. rtol and the relative-norm check below are never scaled;
 * relative error ``||out - ref|| / ||ref|| <= max_relative_error`` whenever ``||ref||`` is not ~0,
   so a near-zero output cannot hide under ``atol`` on small-valued references.
 """
@@ -39,21 +43,22 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def compare_outputs(candidate: Any, reference: Any, config, where: str = "output") -> Optional[Mismatch]:
+def compare_outputs(candidate: Any, reference: Any, config, where: str = "output",
+                    atol_scale: float = 1.0) -> Optional[Mismatch]:
     """None when ``candidate`` matches ``reference``; else the first mismatch, in one line."""
     import torch
 
     if isinstance(reference, torch.Tensor):
         if not isinstance(candidate, torch.Tensor):
             return Mismatch("structure", f"{where}: expected a tensor, got {_describe(candidate)}")
-        return _compare_tensor(candidate, reference, config, where)
+        return _compare_tensor(candidate, reference, config, where, atol_scale)
     if isinstance(reference, (list, tuple)):
         # A single-element tuple and a bare tensor are the same answer to most callers, but not
         # to the contract: the structure must match exactly.
         if not isinstance(candidate, (list, tuple)) or len(candidate) != len(reference):
             return Mismatch("structure", f"{where}: expected {_describe(reference)}, got {_describe(candidate)}")
         for i, (c, r) in enumerate(zip(candidate, reference)):
-            mismatch = compare_outputs(c, r, config, f"{where}[{i}]")
+            mismatch = compare_outputs(c, r, config, f"{where}[{i}]", atol_scale)
             if mismatch:
                 return mismatch
         return None
@@ -62,7 +67,7 @@ def compare_outputs(candidate: Any, reference: Any, config, where: str = "output
     return None
 
 
-def _compare_tensor(out, ref, config, where: str) -> Optional[Mismatch]:
+def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0) -> Optional[Mismatch]:
     import torch
 
     if tuple(out.shape) != tuple(ref.shape):
@@ -90,6 +95,7 @@ def _compare_tensor(out, ref, config, where: str) -> Optional[Mismatch]:
                             if bad else f"{where}: NaN/Inf pattern differs from the reference")
     o, r = o[r_finite], r[r_finite]
     atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
+    atol *= max(1.0, atol_scale)
     diff = (o - r).abs()
     bad_mask = diff > atol + rtol * r.abs()
     if bool(bad_mask.any()):

@@ -224,7 +224,7 @@ class _Run:
             result.error = result.error or f"{label}: forward modified its inputs"
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
-        mismatch = compare_outputs(output, expected, cfg)
+        mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
         if mismatch is not None:
             result.error = result.error or f"{label}: {mismatch.message}"
             result.details.setdefault("mismatch", mismatch.reason)
