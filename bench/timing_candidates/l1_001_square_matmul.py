@@ -1,5 +1,5 @@
-"""Triton candidate for KernelBench level 1 problem 1 (square matmul). fp32 inputs go through
-tl.dot's default TF32 path on the GPU (KernelBench's tolerance is 1e-2)."""
+"""Triton candidate for KernelBench level 1 problem 1 (square matmul). fp32 products use
+tl.dot's IEEE path, so results meet the verifier's fp32 tolerance (1e-4), not just TF32's."""
 import torch
 import torch.nn as nn
 import triton
@@ -29,7 +29,7 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
                     mask=(rm[:, None] < M) & ((k + rk)[None, :] < K), other=0.0)
         b = tl.load(b_ptr + (k + rk)[:, None] * stride_bk + rn[None, :] * stride_bn,
                     mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc += tl.dot(a, b)
+        acc += tl.dot(a, b, input_precision="ieee")
     tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc,
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 

@@ -1,5 +1,5 @@
 """Triton candidate for KernelBench level 2 problem 12 (Linear, multiply, LeakyReLU), with the
-bias, scale and activation fused into the GEMM's epilogue (TF32 tl.dot on the GPU)."""
+bias, scale and activation fused into the GEMM's epilogue (IEEE fp32 tl.dot, to meet the fp32 tolerance)."""
 import torch
 import torch.nn as nn
 import triton
@@ -31,7 +31,7 @@ def _linear_scale_leaky_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm
         # W is (N, K): read it as the (K, N) right operand.
         w = tl.load(w_ptr + (k + rk)[:, None] * stride_wk + rn[None, :] * stride_wn,
                     mask=((k + rk)[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc += tl.dot(x, w)
+        acc += tl.dot(x, w, input_precision="ieee")
     bias = tl.load(bias_ptr + rn, mask=rn < N, other=0.0)
     out = (acc + bias[None, :]) * multiplier
     out = tl.where(out >= 0, out, out * negative_slope)

@@ -263,8 +263,9 @@ class _Run:
                 tensors = load_tensors(self.proc.path("timing.safetensors"),
                                        max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
                 last = unpack(status["last_output"], tensors)
-                expected = unpack(self.prepared.sets[set_index]["expected"], self.prepared.expected)
-                if compare_outputs(last, expected, cfg) is not None:
+                timed_set = self.prepared.sets[set_index]
+                expected = unpack(timed_set["expected"], self.prepared.expected)
+                if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0)) is not None:
                     _add_flags(result, ["memoized_output"])
                     result.error = "timing: the last timed call's output does not match the reference"
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
