@@ -67,10 +67,11 @@ run_multi_gpu() {
   step multi_gpu_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
     && $PY prepare_data.py --smoke --set run.root=$root/ddp --no_progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
-                --set verifier.device=cuda --set rl.max_new_tokens=64 --set eval.max_new_tokens=64)
-  step multi_gpu_ddp 300 "$PY" -m accelerate.commands.launch --num_processes 2 --mixed_precision no \
+                --set verifier.device=cuda --set rl.max_new_tokens=64 --set eval.max_new_tokens=64
+                --set sft.max_seq_len=4096 --set sft.max_steps=4 --set sft.save_every_steps=2)
+  step multi_gpu_ddp 240 "$PY" -m accelerate.commands.launch --num_processes 2 --mixed_precision no \
     train_integrated.py --stage all "${common[@]}" --set "run.root=$root/ddp"
-  step multi_gpu_device_map 200 bash -c "cp -r $root/ddp/data $root/devmap-data && mkdir -p $root/devmap && mv $root/devmap-data $root/devmap/data \
+  step multi_gpu_device_map 150 bash -c "cp -r $root/ddp/data $root/devmap-data && mkdir -p $root/devmap && mv $root/devmap-data $root/devmap/data \
     && $PY train_integrated.py --stage sft ${common[*]} --set run.root=$root/devmap --set model.device_map=auto"
   find "$root" -maxdepth 4 -name meta.json -path '*final*' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \; >"$OUT/multi_gpu_checkpoints.txt" 2>&1
 }
