@@ -128,12 +128,14 @@ class AdapterTrainer:
         self.model = dist.accelerator.prepare_model(model) if dist.world_size > 1 else model
         self.autocast = dist.accelerator.autocast
 
-    def _forward_loss_sum(self, batch: dict):
+    def _forward_loss_sum(self, batch: dict, *, synced: bool = True):
+        """``synced=False`` runs the bare model: DDP's forward broadcasts buffers from rank 0, a
+        collective that hangs when only some ranks run a forward (evaluation shards can be empty)."""
         unwrapped = self.dist.unwrap(self.model)
         # A device_map model takes its inputs on the device of its first parameters.
         device = next(unwrapped.parameters()).device if hasattr(unwrapped, "hf_device_map") else self.dist.device
         with self.autocast():
-            return forward_loss_sum(self.model, batch, device)
+            return forward_loss_sum(self.model if synced else unwrapped, batch, device)
 
     def train_step(self, plan: StepPlan, step: int) -> dict:
         """One optimizer step; returns loss (global token mean), lr, grad norm, tokens, tokens/s."""
@@ -193,7 +195,7 @@ class AdapterTrainer:
         with torch.no_grad():
             for micro in tqdm(mine, desc="eval", disable=not progress):
                 batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed)
-                loss_sum += float(self._forward_loss_sum(batch))
+                loss_sum += float(self._forward_loss_sum(batch, synced=False))
                 targets += batch_target_tokens(micro, examples)
         if was_training:
             self.model.train()
