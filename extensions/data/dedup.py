@@ -25,19 +25,12 @@ from typing import Hashable, Optional
 
 import numpy as np
 
+from ..verify.extract import drop_docstrings
+
 SHINGLE_TOKENS = 5
 _BOILERPLATE_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs"})
 _KEEP_NAMES = frozenset(dir(builtins)) | {"self", "cls"}
 _MERSENNE = (1 << 61) - 1
-
-
-def _strip_docstrings(tree: ast.AST) -> None:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
 
 
 class _DropSpelling(ast.NodeTransformer):
@@ -80,7 +73,7 @@ def normalised_source(source: str, *, definitions_only: bool = True) -> str:
     """``source`` re-printed from its AST without docstrings; with ``definitions_only``, only the
     classes and functions other than ``get_inputs``/``get_init_inputs``. Raises SyntaxError."""
     tree = ast.parse(source)
-    _strip_docstrings(tree)
+    drop_docstrings(tree)
     tree = ast.fix_missing_locations(_DropSpelling().visit(tree))
     if definitions_only:
         tree.body = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))

@@ -27,7 +27,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,26 @@ class DropReport:
             return f"{what}: kept all {total} {noun}"
         reasons = ", ".join(f"{n} {reason}" for reason, n in self.dropped.most_common())
         return f"{what}: kept {self.kept} of {total} {noun}; dropped {reasons}"
+
+
+def read_json_rows(path: Path, report: DropReport, what: str) -> Iterator[dict]:
+    """The JSON objects of a JSONL file; a line that is not one is counted in ``report``, never fatal."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path} (run prepare_data.py first)")
+    with open(path) as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                report.add("that are not valid JSON")
+                continue
+            if not isinstance(row, dict):
+                report.add("that are not JSON objects")
+                continue
+            yield row
 
 
 def tokenize_example(tokenizer, prompt: list[dict], completion: str) -> TokenizedExample:
@@ -114,29 +134,18 @@ def tokenize_examples(tokenizer, pairs: Iterable[tuple[list[dict], str]], max_se
 
 def read_sft_jsonl(path: Path) -> tuple[list[tuple[list[dict], str]], DropReport]:
     """(prompt, completion) pairs of an sft_*.jsonl file; malformed rows are counted and skipped."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"SFT data not found: {path} (run prepare_data.py first)")
     report = DropReport()
     pairs = []
-    with open(path) as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                report.add("that are not valid JSON")
-                continue
-            prompt, completion = row.get("prompt"), row.get("completion")
-            if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
-                report.add("without a chat-message prompt")
-                continue
-            if not isinstance(completion, str):
-                report.add("without a string completion")
-                continue
-            pairs.append((prompt, completion))
-            report.kept += 1
+    for row in read_json_rows(path, report, "SFT data"):
+        prompt, completion = row.get("prompt"), row.get("completion")
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+            report.add("without a chat-message prompt")
+            continue
+        if not isinstance(completion, str):
+            report.add("without a string completion")
+            continue
+        pairs.append((prompt, completion))
+        report.kept += 1
     return pairs, report
 
 

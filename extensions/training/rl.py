@@ -32,7 +32,7 @@ from ..prompts import build_messages
 from ..sampling import SamplingParams, sample_completions
 from ..verify.result import STAGES, VerifyResult, stage_rank
 from . import state as train_state
-from .batching import DropReport, tokenize_examples
+from .batching import DropReport, read_json_rows, tokenize_examples
 from .candidates import CandidateLog, sample_record, verdict_record
 from .curriculum import Curriculum
 from .distributed import Dist, make_dist
@@ -69,35 +69,24 @@ class Candidate:
 
 # -- tasks ---------------------------------------------------------------------------------------------
 def read_rl_tasks(path: Path) -> tuple[list[dict], DropReport]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"RL tasks not found: {path} (run prepare_data.py first)")
     report = DropReport()
     tasks, seen = [], set()
-    with open(path) as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                report.add("that are not valid JSON")
-                continue
-            if not isinstance(row.get("code"), str) or not row["code"].strip() or row.get("task_id") is None:
-                report.add("without task_id or code")
-                continue
-            task_id = str(row["task_id"])
-            if task_id in seen:
-                report.add("with a repeated task_id")
-                continue
-            try:
-                level = int(row.get("level", 1))
-            except (TypeError, ValueError):
-                report.add("with a non-integer level")
-                continue
-            seen.add(task_id)
-            tasks.append({**row, "task_id": task_id, "level": level})
-            report.kept += 1
+    for row in read_json_rows(path, report, "RL tasks"):
+        if not isinstance(row.get("code"), str) or not row["code"].strip() or row.get("task_id") is None:
+            report.add("without task_id or code")
+            continue
+        task_id = str(row["task_id"])
+        if task_id in seen:
+            report.add("with a repeated task_id")
+            continue
+        try:
+            level = int(row.get("level", 1))
+        except (TypeError, ValueError):
+            report.add("with a non-integer level")
+            continue
+        seen.add(task_id)
+        tasks.append({**row, "task_id": task_id, "level": level})
+        report.kept += 1
     return tasks, report
 
 

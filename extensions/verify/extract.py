@@ -130,7 +130,7 @@ def normalize_code(code: str) -> str:
             indent = len(stripped) - len(stripped.lstrip(" "))
             lines.append(" " * indent + " ".join(stripped.split()))
         return "\n".join(lines)
-    _drop_docstrings(tree)
+    drop_docstrings(tree)
     return ast.unparse(tree)
 
 
@@ -538,7 +538,8 @@ def _tidy(code: str) -> str:
     return code.strip("\n") + "\n"
 
 
-def _drop_docstrings(tree: ast.AST) -> None:
+def drop_docstrings(tree: ast.AST) -> None:
+    """Remove every module, class and function docstring from ``tree`` in place."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
