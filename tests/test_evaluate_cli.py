@@ -144,3 +144,27 @@ def test_model_path_generates_saves_before_verifying_and_reuses(tmp_path, projec
     assert "reusing saved generations for 2 of 2 tasks" in second.stdout
     report = json.loads((out / "eval_tiny.json").read_text())
     assert report["metrics"]["correct_rate"] == 25.0 and report["metrics"]["per_level"]["1"]["pass@1"] == 25.0
+
+
+def test_generation_split_over_worker_processes_matches_one_process(tmp_path):
+    """One process per GPU: the same chunks with the same seeds, so the same rows as one process."""
+    from extensions.config import ModelConfig
+    from extensions.evaluation.inputs import read_generations
+    from extensions.evaluation.records import EvalTask
+    from extensions.evaluation.runner import EvalSettings, generate_responses
+
+    model_dir = tmp_path / "tiny-model"
+    build_tiny_model(model_dir)
+    tasks = [EvalTask(f"t{i}", 1, f"t{i}", (FIXTURES / "tasks" / "relu.py").read_text()) for i in range(4)]
+    settings = EvalSettings(samples_per_task=2, temperature=0.9, max_new_tokens=5, generation_batch_size=2)
+    model_cfg = ModelConfig(name_or_path=str(model_dir), dtype="float32")
+
+    def rows(workers: int) -> list[tuple]:
+        path = tmp_path / f"generations_{workers}.jsonl"
+        generate_responses(str(model_dir), tasks, settings, model_cfg, path, progress=False,
+                           log=lambda *_: None, workers=workers)
+        return sorted((r.task_id, r.sample, r.response) for r in read_generations(path).rows)
+
+    single, split = rows(1), rows(2)
+    assert len(single) == 8 and [(t, s) for t, s, _ in single] == [(f"t{i}", s) for i in range(4) for s in (0, 1)]
+    assert split == single

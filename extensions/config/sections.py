@@ -178,6 +178,8 @@ class EvalConfig:
     max_new_tokens: int = 2048
     seed: int = 1234
     generation_batch_size: int = 64
+    # Processes that generate, one per GPU; 0: one per visible GPU (1 when model.device_map is set).
+    generation_workers: int = 0
     bootstrap_samples: int = 2000
 
 

@@ -123,7 +123,8 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
                    device: Optional[str], progress: bool = True) -> tuple[dict, Path]:
     """Generate (or reuse), verify and report one model; returns the report and where it was written."""
     generations_path = outputs.generations(name)
-    generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path, progress=progress)
+    generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path, progress=progress,
+                                     workers=cfg.eval.generation_workers)
     selected = {t.task_id for t in tasks}
     outside = sum(1 for row in generations.rows if row.task_id not in selected)
     if outside:

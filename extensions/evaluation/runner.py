@@ -74,14 +74,20 @@ def _same_settings(header: Optional[dict], model_path: str, settings: EvalSettin
 
 
 def _write_rows(path: Path, header: dict, rows: Sequence[dict], mode: str) -> None:
+    """Write (or append) rows in one locked write: generation workers append to the same file."""
+    import fcntl
+
+    lines = ([json.dumps({"header": header})] if header is not None else []) + [json.dumps(row) for row in rows]
+    text = "".join(line + "\n" for line in lines)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, mode, encoding="utf-8") as handle:
-        if header is not None:
-            handle.write(json.dumps({"header": header}) + "\n")
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _chunk_seed(base_seed: int, chunk: Sequence[EvalTask]) -> int:
@@ -127,19 +133,82 @@ def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
 
 
 def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings, model_cfg,
-                       generations_path: Path, *, progress: bool = True, log=print) -> GenerationsFile:
-    """Generate ``samples_per_task`` responses per task (reusing saved ones) and return the saved file."""
+                       generations_path: Path, *, progress: bool = True, log=print,
+                       workers: int = 0) -> GenerationsFile:
+    """Generate ``samples_per_task`` responses per task (reusing saved ones) and return the saved file.
+
+    ``workers``: generation processes, one per GPU (0: one per visible GPU unless ``model_cfg``
+    shards one model over all of them with ``device_map``).
+    """
     todo = pending_tasks(generations_path, tasks, model_path, settings, log=log)
     if todo:
         if settings.samples_per_task > 1 and settings.temperature == 0:
             log("warning: several samples per task with temperature 0 (greedy) are identical; pass@k>1 "
                 "then says nothing more than pass@1")
-        _sample_into(generations_path, model_path, todo, settings, model_cfg, progress=progress)
+        per_chunk = max(1, settings.generation_batch_size // settings.samples_per_task)
+        chunks = [todo[start:start + per_chunk] for start in range(0, len(todo), per_chunk)]
+        count = min(generation_workers(workers, model_cfg), len(chunks))
+        if count <= 1:
+            generate_chunks(generations_path, model_path, chunks, settings, model_cfg, progress=progress)
+        else:
+            log(f"generating {len(todo)} tasks in {count} processes, one per GPU")
+            _generate_in_workers(generations_path, model_path, chunks, settings, model_cfg, count, progress)
     return read_generations(generations_path)
 
 
-def _sample_into(path: Path, model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings,
-                 model_cfg, *, progress: bool) -> None:
+def generation_workers(requested: int, model_cfg) -> int:
+    if requested > 0:
+        return requested
+    if model_cfg.device_map:
+        return 1  # one model spread over every GPU
+    try:
+        import torch
+    except ImportError:
+        return 1
+    return max(1, torch.cuda.device_count())
+
+
+def _visible_gpus(count: int) -> list[str]:
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[:count] if len(visible) >= count else [str(i) for i in range(count)]
+
+
+def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask]], settings: EvalSettings,
+                         model_cfg, count: int, progress: bool) -> None:
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    gpus = _visible_gpus(count) if torch.cuda.is_available() else [None] * count
+    project_root = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory(prefix="eval-generation-") as workdir:
+        processes = []
+        for worker, gpu in enumerate(gpus):
+            spec = {
+                "generations": str(Path(path).resolve()), "model_path": model_path,
+                "model_cfg": asdict(model_cfg), "settings": asdict(settings),
+                "chunks": [[asdict(task) for task in chunk] for chunk in chunks[worker::count]],
+                "progress": progress, "worker": worker,
+            }
+            spec_path = Path(workdir) / f"worker-{worker}.json"
+            spec_path.write_text(json.dumps(spec))
+            env = dict(os.environ)
+            if gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpu
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "extensions.evaluation.generation_worker", str(spec_path)],
+                cwd=project_root, env=env))
+        failed = [worker for worker, process in enumerate(processes) if process.wait() != 0]
+    if failed:
+        raise RuntimeError(f"generation worker(s) {failed} failed (their errors are above); the chunks they "
+                           f"finished are saved in {path} and a re-run generates only the rest")
+
+
+def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalTask]], settings: EvalSettings,
+                    model_cfg, *, progress: bool, position: int = 0) -> None:
+    """Generate ``chunks`` in this process, appending each finished chunk to ``path``."""
     from tqdm.auto import tqdm
 
     from ..modeling import load_for_inference
@@ -148,10 +217,9 @@ def _sample_into(path: Path, model_path: str, tasks: Sequence[EvalTask], setting
 
     model, tokenizer, _info = load_for_inference(model_path, model_cfg)
     try:
-        per_chunk = max(1, settings.generation_batch_size // settings.samples_per_task)
-        bar = tqdm(total=len(tasks), desc=f"generate {Path(path).stem}", unit="task", disable=not progress)
-        for start in range(0, len(tasks), per_chunk):
-            chunk = tasks[start:start + per_chunk]
+        bar = tqdm(total=sum(len(c) for c in chunks), desc=f"generate {Path(path).stem}", unit="task",
+                   disable=not progress, position=position)
+        for chunk in chunks:
             params = SamplingParams(
                 max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                 top_p=settings.top_p, seed=_chunk_seed(settings.seed, chunk),
