@@ -199,6 +199,12 @@ run_stage() {
   CHILD_PID=""
   local took
   took=$(duration $((SECONDS - start)))
+  if [ "$rc" = 75 ]; then  # train_integrated.py: saved a complete checkpoint on request, then stopped
+    FAILED_STAGE="stage $name (stopped after saving a checkpoint; run the same command to continue)"
+    STAGE_LINES+=("$(printf '%-8s STOPPED after %s with a complete checkpoint' "$name" "$took")")
+    log "stage $name stopped after saving a checkpoint ($took); run the same command again to continue"
+    exit "$rc"
+  fi
   if [ "$rc" != 0 ]; then
     FAILED_STAGE="stage $name (exit code $rc)"
     STAGE_LINES+=("$(printf '%-8s FAILED with exit code %s after %s' "$name" "$rc" "$took")")

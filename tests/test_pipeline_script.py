@@ -59,6 +59,16 @@ def test_failed_stage_stops_the_pipeline_with_its_name_and_exit_code(tmp_path):
     assert "done in" in lines["rl"] and "done in" in lines["eval"]
 
 
+def test_stage_stopped_after_a_save_says_to_run_again(tmp_path):
+    env = stage_env(write_fake_stages(tmp_path / "scripts"))
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run")
+    stopped = pipeline("--config", str(config), env={**env, "FAKE_FAIL_STAGE": "sft", "FAKE_FAIL_CODE": "75"})
+    assert stopped.returncode == 75
+    assert "stage sft stopped after saving a checkpoint" in stopped.stdout
+    assert "run the same command again to continue" in stopped.stdout
+    assert "FAILED with exit code" not in stopped.stdout
+
+
 def test_bad_arguments_are_refused(tmp_path):
     env = stage_env(write_fake_stages(tmp_path / "scripts"))
     assert pipeline("--bogus", env=env).returncode == 2

@@ -46,7 +46,7 @@ def setup(stage_flag=False, compare_flag=False):
 def maybe_fail(stage):
     if os.environ.get("FAKE_FAIL_STAGE") == stage:
         print(f"fake {stage}: failing on purpose", flush=True)
-        sys.exit(7)
+        sys.exit(int(os.environ.get("FAKE_FAIL_CODE", "7")))
 
 def note(paths, text):
     paths.logs.mkdir(parents=True, exist_ok=True)
