@@ -57,6 +57,10 @@ def main(argv=None) -> int:
             return code
     config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
     plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args)
+    if args.dry_run and location is not None and plan.stages:
+        # A dry run downloads nothing, so the plan reads local files; the real run restores first.
+        print(f"(plan from the local files; without --dry-run the complete checkpoints listed above are "
+              f"restored from {location.uri} first, and stages whose output they hold are skipped)", flush=True)
     print(plan.describe(), flush=True)
     if args.dry_run or not plan.stages:
         return 0
