@@ -10,7 +10,7 @@ from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.paths import RunPaths
 
-from test_resume import final_states, stage_env, write_config, write_fake_stages
+from fake_stages import final_states, stage_env, write_config, write_fake_stages
 from s3_testing import PROJECT_ROOT
 
 SCRIPT = PROJECT_ROOT / "run_pipeline.sh"
