@@ -1,7 +1,7 @@
 """The adversarial suite: every cheat in tests/fixtures/candidates/cheats/ and every wrong kernel in
 .../wrong/ must be rejected by the verifier's public API.
 
-Each fixture's header says what it tries and what the verifier must answer (see catalog.py):
+Each fixture's header says what it tries and what the verifier must answer (see candidate_catalog.py):
 cheats are rejected with reward 0 and the expected flag; wrong kernels are rejected
 (correct=False) no later than the stated stage, and the honest ones (flag=none) are not called
 cheats. The batch runs with secrets in the environment; no result may contain them.
@@ -9,19 +9,12 @@ One ``verify_batch`` call judges the whole suite on CPU (Triton interpreter).
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 import json
-from pathlib import Path
 
 import pytest
 
-_CATALOG_PATH = Path(__file__).resolve().parent / "fixtures" / "candidates" / "catalog.py"
-if "candidate_catalog" not in sys.modules:  # the fixtures folder is data, not a package
-    _spec = importlib.util.spec_from_file_location("candidate_catalog", _CATALOG_PATH)
-    sys.modules["candidate_catalog"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["candidate_catalog"])
-catalog = sys.modules["candidate_catalog"]
+import candidate_catalog as catalog
+
 
 CHEATS = catalog.load_folder("cheats", require_expectation=True)
 WRONG = catalog.load_folder("wrong", require_expectation=True)

@@ -8,18 +8,10 @@ judges them all (in parallel); each solution is then its own test.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_CATALOG_PATH = Path(__file__).resolve().parent / "fixtures" / "candidates" / "catalog.py"
-if "candidate_catalog" not in sys.modules:  # the fixtures folder is data, not a package
-    _spec = importlib.util.spec_from_file_location("candidate_catalog", _CATALOG_PATH)
-    sys.modules["candidate_catalog"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["candidate_catalog"])
-catalog = sys.modules["candidate_catalog"]
+import candidate_catalog as catalog
+
 
 SOLUTIONS = catalog.load_folder("kernelbench", require_expectation=False)
 SOLUTION_NAMES = [solution.name for solution in SOLUTIONS]

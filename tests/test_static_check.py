@@ -593,7 +593,7 @@ def _candidate_folder(name: str):
         pytest.skip("candidate fixtures not present")
     if str(tests_dir) not in sys.path:
         sys.path.insert(0, str(tests_dir))
-    from fixtures.candidates.catalog import load_folder
+    from candidate_catalog import load_folder
     return load_folder(name, require_expectation=name != "kernelbench")
 
 
