@@ -16,7 +16,6 @@ chain; endpoint: $AWS_ENDPOINT_URL for S3-compatible stores. See docs/spot.md.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from extensions.cloud import actions
@@ -41,9 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [checkpoint_manager] %(message)s")
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    actions.configure_logging("checkpoint_manager")
     cfg = config_from_args(args, [f"run.root={args.local_dir}"] if args.local_dir else [])
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)

@@ -14,7 +14,6 @@ alone. --print-state prints the stage status as shell assignments (for run_pipel
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -42,9 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [resume] %(message)s")
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    actions.configure_logging("resume")
     cfg = config_from_args(args)
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 BUCKET_ENV = "KERNEL_RL_BUCKET"
 
 
+def configure_logging(tag: str) -> None:
+    """Timestamped INFO logging for a command-line tool; the AWS SDK's chatter kept at WARNING."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{tag}] %(message)s")
+    for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def resolve_location(cfg, bucket: Optional[str], prefix: Optional[str], run_id: Optional[str]) -> Optional[S3Location]:
     """The run's S3 location, or None when no bucket is given anywhere (flag, config, environment)."""
     bucket = bucket or cfg.checkpoint.bucket or os.environ.get(BUCKET_ENV) or None
