@@ -38,7 +38,7 @@ from .curriculum import Curriculum
 from .distributed import Dist, make_dist
 from .metrics import MetricsLogger
 from .saving import file_fingerprint, save_adapter_checkpoint
-from .sft import StageOutcome, prepare_trainable_model, set_seed
+from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings, StepPlan
 
 log = logging.getLogger(__name__)
@@ -297,11 +297,9 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     rl = cfg.rl
     final_dir = paths.final("rl")
     dist = make_dist(cfg.model)
-    if checkpoints.is_complete(final_dir) and not force:
-        msg = f"[rl] {final_dir} is complete; skipping the stage (use --force to retrain)"
-        if dist.is_main:
-            print(msg, flush=True)
-        return StageOutcome("skipped", str(final_dir), msg)
+    skipped = skipped_if_finished("rl", final_dir, dist, force)
+    if skipped is not None:
+        return skipped
     if force:
         if dist.is_main:
             shutil.rmtree(paths.stage_dir("rl"), ignore_errors=True)

@@ -35,6 +35,16 @@ class StageOutcome:
     detail: str = ""
 
 
+def skipped_if_finished(stage: str, final_dir, dist, force: bool) -> Optional[StageOutcome]:
+    """The outcome of a stage whose final/ checkpoint is already complete (None: run it)."""
+    if force or not checkpoints.is_complete(final_dir):
+        return None
+    msg = f"[{stage}] {final_dir} is complete; skipping the stage (use --force to retrain)"
+    if dist.is_main:
+        print(msg, flush=True)
+    return StageOutcome("skipped", str(final_dir), msg)
+
+
 def set_seed(seed: int) -> None:
     import random
 
@@ -79,11 +89,9 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
     paths = RunPaths.from_config(cfg)
     final_dir = paths.final("sft")
     dist = make_dist(cfg.model)
-    if checkpoints.is_complete(final_dir) and not force:
-        msg = f"[sft] {final_dir} is complete; skipping the stage (use --force to retrain)"
-        if dist.is_main:
-            print(msg, flush=True)
-        return StageOutcome("skipped", str(final_dir), msg)
+    skipped = skipped_if_finished("sft", final_dir, dist, force)
+    if skipped is not None:
+        return skipped
     if force:
         _clear_stage(paths, dist)
 
