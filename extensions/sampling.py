@@ -1,8 +1,9 @@
 """Batched sampling of completions: RL rollouts and evaluation generate through here.
 
-All ``n`` samples of many prompts go through one ``generate`` call per batch of ``batch_size``
-sequences, sorted by prompt length so left padding stays small. Each batch is seeded with
-``seed + batch index``, so results are reproducible for a given seed and batch composition.
+All ``n`` samples of many prompts are decoded together, ``batch_size`` sequences at a time, sorted
+by prompt length so left padding stays small. Decoding is ``extensions.decoding.decode``: a static
+KV cache and, on a GPU, one CUDA graph per step. Each batch is seeded with ``seed + batch index``,
+so results are reproducible for a given seed and batch composition.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ class SamplingParams:
     temperature: float = 0.8  # 0 -> greedy
     top_p: float = 0.95
     seed: int = 1234
-    batch_size: int = 64  # sequences per generate() call
-    # "static" preallocates the KV cache (and lets generate compile the decode step on a GPU);
-    # None keeps the dynamic cache. bench/rollout_throughput.py measures both.
-    cache_implementation: Optional[str] = None
+    batch_size: int = 64  # sequences decoded together
+    # Replay each decode step as a CUDA graph (single-GPU models); False runs every step eagerly.
+    cuda_graphs: bool = True
+    compile_step: bool = False  # torch.compile the decode step (GPU; compiles once per shape)
 
 
 def _unwrap(model):
@@ -46,10 +47,15 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: SamplingParams, *,
                      pad_token_id: int, eos_token_ids: Sequence[int], progress: bool = True,
-                     stop_at_eos: bool = True) -> list[list[list[int]]]:
-    """``n`` sampled continuations (token ids, eos and padding removed) for each prompt."""
+                     stop_at_eos: bool = True, stats=None) -> list[list[list[int]]]:
+    """``n`` sampled continuations (token ids, eos and padding removed) for each prompt.
+
+    ``stats`` (a ``DecodeStats``), when given, receives the last batch's decode statistics.
+    """
     import torch
     from tqdm.auto import tqdm
+
+    from .decoding import decode
 
     model = _unwrap(model)
     if n < 1:
@@ -60,22 +66,9 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
     # Longest prompts first: similar lengths share a batch, and a memory problem shows at once.
     jobs.sort(key=lambda job: (-len(prompt_ids[job[0]]), job[0], job[1]))
     results: list[list[Optional[list[int]]]] = [[None] * n for _ in prompt_ids]
-    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     eos_set = set(eos_token_ids)
-    gen_kwargs = dict(
-        max_new_tokens=params.max_new_tokens, pad_token_id=pad_token_id, use_cache=True,
-        eos_token_id=list(eos_token_ids) if stop_at_eos and eos_token_ids else None,
-    )
-    if params.temperature > 0:
-        gen_kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
-    else:
-        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if params.cache_implementation:
-        gen_kwargs["cache_implementation"] = params.cache_implementation
-    if not stop_at_eos:
-        gen_kwargs["min_new_tokens"] = params.max_new_tokens
     bar = tqdm(total=len(jobs), desc="sampling", unit="seq", disable=not progress)
     try:
         for batch_index, start in enumerate(range(0, len(jobs), params.batch_size)):
@@ -87,10 +80,13 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
                 ids = prompt_ids[p]
                 input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                 attention[row, width - len(ids):] = 1
-            torch.manual_seed(params.seed + batch_index)
-            with torch.no_grad():
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), **gen_kwargs)
-            generated = out[:, width:].tolist()
+            generated = decode(
+                model, input_ids, attention, params.max_new_tokens, temperature=params.temperature,
+                top_p=params.top_p, seed=params.seed + batch_index,
+                eos_token_ids=eos_token_ids if stop_at_eos else (), use_cuda_graph=params.cuda_graphs,
+                compile_step=params.compile_step,
+                stats=stats,
+            ).tolist()
             for row, (p, s) in enumerate(batch):
                 tokens = generated[row]
                 if stop_at_eos:

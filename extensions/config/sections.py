@@ -103,7 +103,8 @@ class RLConfig:
     temperature: float = 0.8
     top_p: float = 0.95
     generation_batch_size: int = 64  # sequences per generate() call
-    cache_implementation: Optional[str] = None  # "static": preallocated KV cache for generate()
+    cuda_graphs: bool = True  # replay each decode step as a CUDA graph (single-GPU models)
+    compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
     verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
     keep_last_rounds: int = 3  # complete round-NNN checkpoints kept
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -178,6 +179,7 @@ class EvalConfig:
     max_new_tokens: int = 2048
     seed: int = 1234
     generation_batch_size: int = 64
+    compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
     # Processes that generate, one per GPU; 0: one per visible GPU (1 when model.device_map is set).
     generation_workers: int = 0
     bootstrap_samples: int = 2000

@@ -35,6 +35,7 @@ class EvalSettings:
     max_new_tokens: int = 2048
     seed: int = 1234
     generation_batch_size: int = 64
+    compile_decode: bool = True
 
     @classmethod
     def from_config(cls, eval_cfg, samples_per_task: Optional[int] = None) -> "EvalSettings":
@@ -42,13 +43,14 @@ class EvalSettings:
             samples_per_task=samples_per_task or eval_cfg.samples_per_task,
             temperature=eval_cfg.temperature, top_p=eval_cfg.top_p,
             max_new_tokens=eval_cfg.max_new_tokens, seed=eval_cfg.seed,
-            generation_batch_size=eval_cfg.generation_batch_size,
+            generation_batch_size=eval_cfg.generation_batch_size, compile_decode=eval_cfg.compile_decode,
         )
 
     def sampling_key(self) -> dict[str, Any]:
-        """The settings that change what is generated (batch size does not)."""
+        """The settings that change what is generated (batch size and kernel choices do not)."""
         key = asdict(self)
         key.pop("generation_batch_size")
+        key.pop("compile_decode")
         return key
 
 
@@ -223,7 +225,7 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
             params = SamplingParams(
                 max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                 top_p=settings.top_p, seed=_chunk_seed(settings.seed, chunk),
-                batch_size=settings.generation_batch_size,
+                batch_size=settings.generation_batch_size, compile_step=settings.compile_decode,
             )
             responses = sample_completions(
                 model, tokenizer, [build_messages(t.code) for t in chunk], settings.samples_per_task,

@@ -222,7 +222,7 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
         params = SamplingParams(
             max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
             seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
-            batch_size=rl.generation_batch_size, cache_implementation=rl.cache_implementation,
+            batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
         )
         texts = sample_completions(model, ctx.tokenizer, [build_messages(t["code"]) for t in chunk], n, params,
                                    progress=ctx.progress)

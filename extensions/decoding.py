@@ -1,0 +1,308 @@
+"""Batched decoding for rollouts: a static KV cache, grouped-query decode attention, CUDA graphs.
+
+``generate()`` spends most of a decode step in Python (tens of milliseconds for a 24-layer model,
+whatever the batch), and with a padding mask it copies every key and value ``heads / kv_heads``
+times before attention. This loop removes both:
+
+- the KV cache is a ``StaticCache`` sized to prompt + new tokens, so a step has fixed shapes;
+- one-token steps attend through ``grouped_decode_attention``, which reads each cached key and value
+  once for all the query heads of its group (prefill still goes through SDPA);
+- on a single CUDA device the step (the model forward) is captured once as a CUDA graph and
+  replayed, so a step costs its GPU time only. Where capture is impossible (several devices, a
+  cache layer with a sliding window, an operation that cannot be captured) the same step runs
+  eagerly and ``DecodeStats.graph_error`` says why;
+- optionally (``compile_step``), ``torch.compile`` fuses the step's many small elementwise kernels
+  (normalisation, rotary embedding, activations) before it is captured; it compiles once per
+  shape and falls back to the plain step if compiling fails.
+
+Sampling (temperature, nucleus, greedy) runs on the logits between steps with its own seeded
+generator, so a seed gives the same tokens whatever else uses the global RNG.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+DECODE_ATTENTION = "kernel_rl_grouped_decode"
+EOS_CHECK_EVERY = 16  # steps between the host syncs that stop a batch once every row has ended
+
+
+@dataclass
+class DecodeStats:
+    steps: int = 0
+    graph_used: bool = False
+    graph_error: Optional[str] = None
+    compiled: bool = False  # the step ran through torch.compile
+
+
+def grouped_decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: Optional[float] = None, **kwargs):
+    """Attention for one new token per row; longer queries (prefill) go to SDPA unchanged.
+
+    ``query`` is (batch, heads, 1, dim), ``key``/``value`` (batch, kv_heads, cache_len, dim) and
+    ``attention_mask`` a boolean (batch, 1, 1, cache_len) mask, True where a row may attend.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1 or kwargs.get("sliding_window") or attention_mask is None or attention_mask.dtype != torch.bool:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    scale = scaling if scaling is not None else dim ** -0.5
+    grouped = (query * scale).view(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float()  # (batch, kv_heads, group, cache_len)
+    scores = scores.masked_fill(~attention_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # (batch, kv_heads, group, dim)
+    return out.reshape(batch, 1, heads, dim), None
+
+
+@contextmanager
+def attention_implementation(model, name: str):
+    """Run ``model`` with the registered attention function ``name``, restoring the previous one."""
+    from transformers import AttentionInterface
+
+    if name == DECODE_ATTENTION:
+        AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    previous = {key: config._attn_implementation for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation = name
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation = previous[key]
+
+
+def pick_tokens(logits, temperature: float, top_p: float, generator, *, compiled: bool = False):
+    """One token per row: greedy for temperature 0, else a sample from the nucleus (exact).
+
+    ``argmax(w / E)`` over the kept tokens, with unnormalised weights ``w`` and ``E ~ Exp(1)``,
+    draws token i with probability w_i / sum(w): a categorical sample with no renormalising.
+    ``compiled`` fuses the steps after the sort with ``torch.compile``.
+    """
+    import torch
+
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    order = None
+    if top_p < 1.0:
+        # Sorting the logits as they come (bf16 on a GPU: half the radix passes of fp32) gives
+        # the order of the scaled fp32 scores.
+        logits, order = logits.sort(dim=-1, descending=True)
+    races = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+    choice = _choose(logits, races, temperature, top_p if order is not None else 1.0, compiled)
+    return choice if order is None else order.gather(-1, choice[:, None]).squeeze(-1)
+
+
+def sorted_nucleus_mask(sorted_logits, temperature: float, top_p: float):
+    """For logits sorted in descending order: True for the shortest prefix whose mass reaches top_p."""
+    import torch
+
+    probs = torch.softmax(sorted_logits.float() / temperature, dim=-1)
+    return (probs.cumsum(dim=-1) - probs) < top_p  # the best token always stays
+
+
+def _nucleus_choice(sorted_logits, races, temperature: float, top_p: float):
+    import torch
+
+    scores = sorted_logits.float() / temperature
+    weights = torch.exp(scores - scores[:, :1])
+    if top_p < 1.0:
+        weights = weights * sorted_nucleus_mask(sorted_logits, temperature, top_p)
+    return (weights / races.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
+
+
+_COMPILED = {}  # compiled functions, built on first use; None once compiling has failed
+
+
+def _choose(sorted_logits, races, temperature: float, top_p: float, compiled: bool):
+    import torch
+
+    if compiled and _COMPILED.get("nucleus", True) is not None:
+        if "nucleus" not in _COMPILED:
+            # Static shapes: the batch size rarely changes, and dynamic shapes hit a compiler bug.
+            _COMPILED["nucleus"] = torch.compile(_nucleus_choice, dynamic=False)
+        try:
+            return _COMPILED["nucleus"](sorted_logits, races, temperature, top_p)
+        except Exception as exc:  # a compiler failure: the function is pure, so run it as written
+            log.warning("choosing tokens without torch.compile: %s: %s", type(exc).__name__, str(exc)[:300])
+            _COMPILED["nucleus"] = None
+    return _nucleus_choice(sorted_logits, races, temperature, top_p)
+
+
+def _single_device(model) -> bool:
+    devices = {p.device for p in model.parameters()}
+    return len(devices) == 1
+
+
+def _graph_blocker(model, cache) -> Optional[str]:
+    import torch
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return "not a CUDA device"
+    if not _single_device(model):
+        return "the model spans several devices"
+    if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
+        return "a cache layer has a sliding window"
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    return None
+
+
+def _prefill_mask(attention, cache_len: int):
+    """Boolean (batch, 1, width, cache_len) mask: causal, padding keys hidden, nothing past the prompt.
+
+    A padding query attends to itself only, so its (unused) output stays finite and no NaN reaches
+    the cache.
+    """
+    import torch
+
+    batch, width = attention.shape
+    device = attention.device
+    rows = torch.arange(width, device=device)
+    causal = rows[:, None] >= rows[None, :]
+    mask = causal[None] & attention.bool()[:, None, :]
+    mask |= torch.eye(width, dtype=torch.bool, device=device)[None]
+    full = torch.zeros((batch, 1, width, cache_len), dtype=torch.bool, device=device)
+    full[:, 0, :, :width] = mask
+    return full
+
+
+def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: float, top_p: float,
+           seed: int, eos_token_ids: Sequence[int] = (), use_cuda_graph: bool = True,
+           compile_step: bool = False, stats: Optional[DecodeStats] = None):
+    """Generate ``max_new_tokens`` tokens for each left-padded row of ``input_ids``.
+
+    Returns a (batch, steps) tensor of new token ids on the CPU; ``steps`` is shorter than
+    ``max_new_tokens`` only when every row has produced one of ``eos_token_ids``. Rows keep going
+    after their own end of sequence; the caller cuts them. ``compile_step`` runs the decode step
+    through ``torch.compile`` (fused elementwise kernels; compiled once per shape, on a GPU only).
+    """
+    import torch
+    from transformers import StaticCache
+
+    stats = stats if stats is not None else DecodeStats()
+    device = next(model.parameters()).device
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    batch, width = input_ids.shape
+    cache_len = width + max_new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
+    tokens = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+
+    positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    step_mask = torch.zeros((batch, 1, 1, cache_len), dtype=torch.bool, device=device)
+    step_mask[:, 0, 0, :width] = attention.bool()
+    step_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    step_positions = positions[:, -1:].clone()
+
+    compiling = compile_step and device.type == "cuda"
+    step_fn = _compiled_step() if compiling else _model_step
+
+    def forward_step():
+        nonlocal step_fn, compiling
+        try:
+            return step_fn(model, step_ids, step_mask, step_positions, cache)
+        except Exception as exc:  # compiling failed (the first call compiles): run the step as written
+            if step_fn is _model_step:
+                raise
+            log.warning("decoding without torch.compile: %s: %s", type(exc).__name__, str(exc)[:300])
+            step_fn, compiling = _model_step, False
+            return step_fn(model, step_ids, step_mask, step_positions, cache)
+
+    with torch.no_grad(), attention_implementation(model, DECODE_ATTENTION):
+        out = model(input_ids=input_ids, attention_mask=_prefill_mask(attention, cache_len),
+                    position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+        del out
+        graph = None
+        graph_logits = None
+        blocker = None if use_cuda_graph else "disabled"
+        if blocker is None:
+            blocker = _graph_blocker(model, cache)
+        warmup_steps = 2  # eager steps before capture: they load kernels and size the allocator
+        steps = 0
+        for t in range(max_new_tokens):
+            token = pick_tokens(logits, temperature, top_p, generator, compiled=compiling)
+            tokens[:, t] = token
+            steps = t + 1
+            if eos.numel():
+                finished |= torch.isin(token, eos)
+                if steps % EOS_CHECK_EVERY == 0 and bool(finished.all()):
+                    break
+            if steps == max_new_tokens:
+                break
+            step_ids.copy_(token[:, None])
+            step_positions.add_(1)
+            step_mask[:, 0, 0, width + t] = True
+            if graph is not None:
+                graph.replay()
+                logits = graph_logits
+            elif blocker is None and t >= warmup_steps:
+                graph, graph_logits, blocker = _capture(forward_step)
+                if graph is not None:
+                    graph.replay()
+                    logits = graph_logits
+                else:
+                    log.warning("decoding without a CUDA graph: %s", blocker)
+                    logits = forward_step()
+            elif blocker is None:
+                logits = _on_side_stream(forward_step)
+            else:
+                logits = forward_step()
+        stats.steps = steps
+        stats.graph_used = graph is not None
+        stats.compiled = compiling
+        stats.graph_error = None if graph is not None else blocker
+    return tokens[:, :steps].cpu()
+
+
+def _model_step(model, ids, mask, positions, cache):
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.logits[:, -1, :]
+
+
+def _compiled_step():
+    import torch
+
+    if "step" not in _COMPILED:
+        _COMPILED["step"] = torch.compile(_model_step)
+    return _COMPILED["step"]
+
+
+def _on_side_stream(fn):
+    # CUDA's documented warm-up before a capture: the first runs happen on a side stream.
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result = fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return result
+
+
+def _capture(forward_step):
+    """(graph, its output tensor, None), or (None, None, reason) when the step cannot be captured."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            logits = forward_step()
+    except Exception as exc:  # the step then runs eagerly; the reason is reported
+        torch.cuda.synchronize()
+        return None, None, f"capture failed: {type(exc).__name__}: {exc}"[:300]
+    return graph, logits, None
