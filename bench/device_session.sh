@@ -58,7 +58,7 @@ run_rollout() {
 }
 
 run_sft() {
-  step sft_throughput 240 "$PY" bench/sft_throughput.py
+  step sft_throughput 330 "$PY" bench/sft_throughput.py
 }
 
 run_multi_gpu() {

@@ -4,7 +4,8 @@
     python bench/sft_throughput.py --quick    # CPU dry run of the same code on a tiny model
 
 Every mode trains the same examples through ``extensions.training.trainer.AdapterTrainer`` (the
-code SFT runs), with gradient checkpointing, on sequence lengths drawn from a long-tailed
+code SFT runs): packed rows (varlen attention on CUDA), length-grouped and padded batches (padded to
+their longest example), and padded to ``max_seq_len`` (a fixed-length collator's batches), with gradient checkpointing, on sequence lengths drawn from a long-tailed
 (log-normal) distribution like KernelBook's, 40% of each example a masked prompt. Throughput counts
 real tokens only (padding excluded). MFU = 6 x parameters x tokens/s / peak bf16 FLOP/s (the usual
 full-fine-tuning estimate; LoRA's backward skips the frozen weight gradients, so it overstates the
@@ -80,11 +81,14 @@ def run_mode(mode: str, examples, args, device: str):
     model = attach_lora(model, LoraConfig(r=16, alpha=32, dropout=0.05))
     enable_gradient_checkpointing(model)
     batch = args.packed_rows if mode == "packed" else args.padded_batch
+    # "padded_to_max": every batch padded to max_seq_len, as a fixed-length collator does.
     settings = OptimSettings(learning_rate=1e-4, per_device_batch_size=batch, gradient_accumulation_steps=1,
-                             max_seq_len=args.max_seq_len, batching=mode, warmup_ratio=0.0)
+                             max_seq_len=args.max_seq_len, batching="padded" if mode == "padded_to_max" else mode,
+                             warmup_ratio=0.0, pad_to_multiple_of=args.max_seq_len if mode == "padded_to_max" else None)
     plan = StepPlan(examples, settings, seed=0, world_size=1)
     dist = make_dist(ModelConfig(dtype="auto"))
     trainer = AdapterTrainer(model, dist, settings, pad_token_id=0, total_steps=plan.steps_per_epoch)
+    attention = model.config._attn_implementation
     for step in range(min(args.warmup_steps, plan.steps_per_epoch)):
         trainer.train_step(plan, step)
     if device == "cuda":
@@ -101,7 +105,8 @@ def run_mode(mode: str, examples, args, device: str):
     del trainer, model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return {"tokens_per_s": tokens / elapsed, "steps": len(steps), "tokens": tokens, "params": params, "memory_gib": memory}
+    return {"tokens_per_s": tokens / elapsed, "steps": len(steps), "tokens": tokens, "params": params, "memory_gib": memory,
+            "attention": attention}
 
 
 def main(argv=None) -> int:
@@ -114,7 +119,7 @@ def main(argv=None) -> int:
     parser.add_argument("--padded-batch", type=int, default=4, help="examples per padded micro-batch")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--attn", default="sdpa", help="attention implementation (sdpa, flash_attention_2, eager)")
-    parser.add_argument("--modes", default="packed,length_grouped,padded")
+    parser.add_argument("--modes", default="packed,length_grouped,padded,padded_to_max")
     args = parser.parse_args(argv)
 
     import torch
@@ -129,15 +134,18 @@ def main(argv=None) -> int:
     results = {mode: run_mode(mode, examples, args, device) for mode in args.modes.split(",")}
     peak = peak_flops(device_name)
     baseline = results.get("padded", {}).get("tokens_per_s")
+    fixed = results.get("padded_to_max", {}).get("tokens_per_s")
     print(f"\n### SFT throughput on {device_name}\n")
     print(f"{args.examples} examples, lengths median {args.median_len} (log-normal, max {args.max_seq_len}), "
           f"mean {sum(lengths) / len(lengths):.0f}; LoRA r=16; attention {args.attn}; gradient checkpointing\n")
-    print("| batching | tokens/s per GPU | speedup vs padded | MFU | peak memory GiB | timed steps |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| batching | attention | tokens/s per GPU | vs padded to longest | vs padded to max_seq_len | MFU | peak memory GiB | timed steps |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for mode, r in results.items():
         speedup = f"{r['tokens_per_s'] / baseline:.2f}x" if baseline else "n/a"
+        versus_fixed = f"{r['tokens_per_s'] / fixed:.2f}x" if fixed else "n/a"
         mfu = f"{6 * r['params'] * r['tokens_per_s'] / peak:.1%}" if peak else "n/a"
-        print(f"| {mode} | {r['tokens_per_s']:,.0f} | {speedup} | {mfu} | {r['memory_gib']:.1f} | {r['steps']} |")
+        print(f"| {mode} | {r['attention']} | {r['tokens_per_s']:,.0f} | {speedup} | {versus_fixed} | {mfu} | "
+              f"{r['memory_gib']:.1f} | {r['steps']} |")
     return 0
 
 

@@ -7,10 +7,11 @@ and the template's end-of-turn token only.
 ``sft.batching``:
 
 - ``packed``: examples are concatenated into rows of at most ``max_seq_len`` tokens (first fit over
-  a shuffled order). Each example's ``position_ids`` restart at 0 and no attention mask is passed, so
-  transformers derives a block-diagonal causal mask from the position resets (flash-attention varlen
-  kernels where available, a packed-sequence mask for sdpa/eager): no token attends across an example
-  boundary, and every example's first token is a masked prompt token, so no label crosses one either.
+  a shuffled order). Each example's ``position_ids`` restart at 0 and no attention mask is passed;
+  the batch carries the examples' boundaries. On CUDA, attention runs per example through varlen
+  flash attention (``packed_attention``); elsewhere transformers derives a block-diagonal causal
+  mask from the position resets. Either way no token attends across an example boundary, and every
+  example's first token is a masked prompt token, so no label crosses one either.
   The loss of a packed batch equals that of the same examples run one by one (tested).
 - ``length_grouped``: examples of similar length share a padded batch (sorted within shuffled
   windows of 64 batches; batch order shuffled).
@@ -28,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
+
+from .packed_attention import sequence_boundaries
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +217,8 @@ def collate(batch: list[list[int]], examples: Sequence[TokenizedExample], *, pad
             packed: bool, pad_to_multiple_of: Optional[int] = None) -> dict:
     """Tensors for one micro-batch.
 
-    Packed: ``input_ids``, ``labels``, ``position_ids`` (restarting per example), no attention mask.
+    Packed: ``input_ids``, ``labels``, ``position_ids`` (restarting per example), the examples'
+    boundaries in the flattened batch (``cu_seq_lens_q/k``, ``max_length_q/k``), no attention mask.
     Otherwise: right-padded ``input_ids``, ``labels`` and an ``attention_mask``.
     """
     import torch
@@ -246,7 +250,11 @@ def collate(batch: list[list[int]], examples: Sequence[TokenizedExample], *, pad
             position_ids[r, :len(positions)] = torch.tensor(positions, dtype=torch.long)
             # The padding tail is its own (fully masked-out) sequence: its positions restart too.
             position_ids[r, len(positions):] = torch.arange(width - len(positions))
-        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+        cu_seqlens, longest = sequence_boundaries(position_ids)
+        # Example boundaries under the names transformers' varlen attention paths read.
+        return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids,
+                "cu_seq_lens_q": cu_seqlens, "cu_seq_lens_k": cu_seqlens,
+                "max_length_q": longest, "max_length_k": longest}
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
     for r, ids in enumerate(rows_ids):
         attention_mask[r, :len(ids)] = 1

@@ -8,12 +8,16 @@ into micro-batches.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .batching import IGNORE_INDEX, TokenizedExample, batch_target_tokens, batch_tokens, collate, plan_epoch
+from .packed_attention import use_packed_attention
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,6 +31,8 @@ class OptimSettings:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
     schedule: str = "cosine"  # cosine (after warm-up) | constant
+    # Padded batches are padded up to a multiple of this (None: to their longest example).
+    pad_to_multiple_of: Optional[int] = None
 
     @classmethod
     def from_sft(cls, sft_cfg) -> "OptimSettings":
@@ -65,7 +71,7 @@ def forward_loss_sum(model, batch: dict, device=None):
     ``use_cache=False`` matters for packed batches: transformers derives the block-diagonal mask
     from position-id resets only when no KV cache is in play.
     """
-    inputs = {k: (v.to(device) if device is not None else v) for k, v in batch.items() if k != "labels"}
+    inputs = {k: (v.to(device) if device is not None and hasattr(v, "to") else v) for k, v in batch.items() if k != "labels"}
     logits = model(**inputs, use_cache=False).logits
     return completion_loss_sum(logits, batch["labels"])
 
@@ -114,6 +120,10 @@ class AdapterTrainer:
         self.settings = settings
         self.pad_token_id = pad_token_id
         self.total_steps = total_steps
+        if settings.batching == "packed":
+            problem = use_packed_attention(model, next(model.parameters()).device)
+            if problem:
+                log.info("packed batches attend through a block-diagonal mask (%s)", problem)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters (attach LoRA first)")
@@ -156,7 +166,8 @@ class AdapterTrainer:
         scale = self.dist.world_size / max(1, global_targets)
         local_loss_sum = 0.0
         for index, micro in enumerate(mine):
-            batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed)
+            batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed,
+                            pad_to_multiple_of=None if packed else self.settings.pad_to_multiple_of)
             last = index == len(mine) - 1
             sync = contextlib.nullcontext() if last or self.dist.world_size == 1 else self.dist.accelerator.no_sync(self.model)
             with sync:
@@ -194,7 +205,8 @@ class AdapterTrainer:
         loss_sum, targets = 0.0, 0
         with torch.no_grad():
             for micro in tqdm(mine, desc="eval", disable=not progress):
-                batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed)
+                batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed,
+                            pad_to_multiple_of=None if packed else self.settings.pad_to_multiple_of)
                 loss_sum += float(self._forward_loss_sum(batch, synced=False))
                 targets += batch_target_tokens(micro, examples)
         if was_training:
