@@ -20,6 +20,7 @@ generator, so a seed gives the same tokens whatever else uses the global RNG.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -222,7 +223,9 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
             step_fn, compiling = _model_step, False
             return step_fn(model, step_ids, step_mask, step_positions, cache)
 
-    with torch.no_grad(), attention_implementation(model, DECODE_ATTENTION):
+    # Streams and graph capture belong to the current CUDA device: make it the model's.
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.no_grad(), attention_implementation(model, DECODE_ATTENTION):
         out = model(input_ids=input_ids, attention_mask=_prefill_mask(attention, cache_len),
                     position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1, :]

@@ -24,7 +24,7 @@ class SamplingParams:
 
 
 def _unwrap(model):
-    # DDP / accelerate wrappers hide generate(); the wrapped module has it.
+    # DDP / accelerate wrappers hide the model's config and cache layout; the wrapped module has them.
     return getattr(model, "module", model)
 
 

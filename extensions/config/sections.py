@@ -102,7 +102,7 @@ class RLConfig:
     max_new_tokens: int = 2048
     temperature: float = 0.8
     top_p: float = 0.95
-    generation_batch_size: int = 64  # sequences per generate() call
+    generation_batch_size: int = 64  # sequences decoded together
     cuda_graphs: bool = True  # replay each decode step as a CUDA graph (single-GPU models)
     compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
     verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
