@@ -102,14 +102,10 @@ def time_per_task(model, prompts, samples, new_tokens, subset):
 def time_batched_generate(model, prompts, samples, new_tokens):
     import torch
 
+    from extensions.sampling import left_pad
+
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(samples)]
-    width = max(map(len, rows))
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for i, prompt in enumerate(rows):
-        ids[i, width - len(prompt):] = torch.tensor(prompt)
-        attention[i, width - len(prompt):] = 1
+    ids, attention = left_pad([p for p in prompts for _ in range(samples)], 0)
     synchronize()
     started = time.perf_counter()
     with torch.no_grad():
@@ -156,7 +152,6 @@ def time_pick_tokens(batch: int, vocab: int, device: str, repeats: int = 50) -> 
 
 def profile_sampler(model, prompts, samples, device: str, steps: int = 8) -> None:
     """Top GPU kernels of an eager (graph-less) sampler run, and kernels launched per decode step."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from extensions.sampling import SamplingParams, sample_token_ids

@@ -66,20 +66,23 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
 @contextmanager
 def attention_implementation(model, name: str):
     """Run ``model`` with the registered attention function ``name``, restoring the previous one."""
-    from transformers import AttentionInterface
+    from .modeling import attention_configs
 
-    if name == DECODE_ATTENTION:
-        AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
-    configs = {id(m.config): m.config for m in model.modules()
-               if hasattr(getattr(m, "config", None), "_attn_implementation")}
-    previous = {key: config._attn_implementation for key, config in configs.items()}
+    configs = attention_configs(model)
+    previous = [config._attn_implementation for config in configs]
     try:
-        for config in configs.values():
+        for config in configs:
             config._attn_implementation = name
         yield
     finally:
-        for key, config in configs.items():
-            config._attn_implementation = previous[key]
+        for config, implementation in zip(configs, previous):
+            config._attn_implementation = implementation
+
+
+def register_decode_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
 
 
 def pick_tokens(logits, temperature: float, top_p: float, generator, *, compiled: bool = False):
@@ -121,41 +124,42 @@ def _nucleus_choice(sorted_logits, races, temperature: float, top_p: float):
     return (weights / races.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
 
 
-_COMPILED = {}  # compiled functions, built on first use; None once compiling has failed
+_COMPILED = {}  # compiled functions, built on first use; None once compiling one has failed
+
+
+def _compiled(fn, **options):
+    """``fn`` through ``torch.compile``, built once; None after compiling it has failed."""
+    import torch
+
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, **options)
+    return _COMPILED[fn.__name__]
+
+
+def _give_up_compiling(fn, exc: Exception) -> None:
+    # Compiling happens on the first call, before anything runs: ``fn`` can then run as written.
+    log.warning("running %s without torch.compile: %s: %s", fn.__name__, type(exc).__name__, str(exc)[:300])
+    _COMPILED[fn.__name__] = None
 
 
 def _choose(sorted_logits, races, temperature: float, top_p: float, compiled: bool):
-    import torch
-
-    if compiled and _COMPILED.get("nucleus", True) is not None:
-        if "nucleus" not in _COMPILED:
-            # Static shapes: the batch size rarely changes, and dynamic shapes hit a compiler bug.
-            _COMPILED["nucleus"] = torch.compile(_nucleus_choice, dynamic=False)
+    # Static shapes: the batch size rarely changes, and dynamic shapes hit a compiler bug.
+    choose = _compiled(_nucleus_choice, dynamic=False) if compiled else None
+    if choose is not None:
         try:
-            return _COMPILED["nucleus"](sorted_logits, races, temperature, top_p)
-        except Exception as exc:  # a compiler failure: the function is pure, so run it as written
-            log.warning("choosing tokens without torch.compile: %s: %s", type(exc).__name__, str(exc)[:300])
-            _COMPILED["nucleus"] = None
+            return choose(sorted_logits, races, temperature, top_p)
+        except Exception as exc:  # a compiler failure
+            _give_up_compiling(_nucleus_choice, exc)
     return _nucleus_choice(sorted_logits, races, temperature, top_p)
 
 
-def _single_device(model) -> bool:
-    devices = {p.device for p in model.parameters()}
-    return len(devices) == 1
-
-
 def _graph_blocker(model, cache) -> Optional[str]:
-    import torch
-
-    device = next(model.parameters()).device
-    if device.type != "cuda":
+    if next(model.parameters()).device.type != "cuda":
         return "not a CUDA device"
-    if not _single_device(model):
+    if len({p.device for p in model.parameters()}) > 1:
         return "the model spans several devices"
     if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
         return "a cache layer has a sliding window"
-    if not torch.cuda.is_available():
-        return "CUDA is not available"
     return None
 
 
@@ -209,22 +213,22 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     step_ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
     step_positions = positions[:, -1:].clone()
 
-    compiling = compile_step and device.type == "cuda"
-    step_fn = _compiled_step() if compiling else _model_step
+    compiled_step = _compiled(_model_step) if compile_step and device.type == "cuda" else None
+    compiling = compiled_step is not None
 
     def forward_step():
-        nonlocal step_fn, compiling
-        try:
-            return step_fn(model, step_ids, step_mask, step_positions, cache)
-        except Exception as exc:  # compiling failed (the first call compiles): run the step as written
-            if step_fn is _model_step:
-                raise
-            log.warning("decoding without torch.compile: %s: %s", type(exc).__name__, str(exc)[:300])
-            step_fn, compiling = _model_step, False
-            return step_fn(model, step_ids, step_mask, step_positions, cache)
+        nonlocal compiling
+        if compiling:
+            try:
+                return compiled_step(model, step_ids, step_mask, step_positions, cache)
+            except Exception as exc:  # a compiler failure
+                _give_up_compiling(_model_step, exc)
+                compiling = False
+        return _model_step(model, step_ids, step_mask, step_positions, cache)
 
     # Streams and graph capture belong to the current CUDA device: make it the model's.
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    register_decode_attention()
     with on_device, torch.no_grad(), attention_implementation(model, DECODE_ATTENTION):
         out = model(input_ids=input_ids, attention_mask=_prefill_mask(attention, cache_len),
                     position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -250,17 +254,13 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
             step_ids.copy_(token[:, None])
             step_positions.add_(1)
             step_mask[:, 0, 0, width + t] = True
+            if graph is None and blocker is None and t >= warmup_steps:
+                graph, graph_logits, blocker = _capture(forward_step)
+                if blocker:
+                    log.warning("decoding without a CUDA graph: %s", blocker)
             if graph is not None:
                 graph.replay()
                 logits = graph_logits
-            elif blocker is None and t >= warmup_steps:
-                graph, graph_logits, blocker = _capture(forward_step)
-                if graph is not None:
-                    graph.replay()
-                    logits = graph_logits
-                else:
-                    log.warning("decoding without a CUDA graph: %s", blocker)
-                    logits = forward_step()
             elif blocker is None:
                 logits = _on_side_stream(forward_step)
             else:
@@ -275,14 +275,6 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
 def _model_step(model, ids, mask, positions, cache):
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
     return out.logits[:, -1, :]
-
-
-def _compiled_step():
-    import torch
-
-    if "step" not in _COMPILED:
-        _COMPILED["step"] = torch.compile(_model_step)
-    return _COMPILED["step"]
 
 
 def _on_side_stream(fn):

@@ -212,6 +212,13 @@ def enable_gradient_checkpointing(model) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
 
 
+def attention_configs(model) -> list:
+    """The distinct configs whose ``_attn_implementation`` the model's modules read at run time."""
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    return list(configs.values())
+
+
 def model_meta(model_cfg) -> dict[str, Any]:
     """The model config fields stored in meta.json so an adapter can be reopened on its base."""
     return dataclasses.asdict(model_cfg)

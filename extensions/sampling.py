@@ -45,6 +45,19 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def left_pad(rows: Sequence[list[int]], pad_token_id: int):
+    """(input_ids, attention_mask) of token-id rows padded on the left to the longest."""
+    import torch
+
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+        attention[row, width - len(ids):] = 1
+    return input_ids, attention
+
+
 def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: SamplingParams, *,
                      pad_token_id: int, eos_token_ids: Sequence[int], progress: bool = True,
                      stop_at_eos: bool = True, stats=None) -> list[list[list[int]]]:
@@ -52,7 +65,6 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
 
     ``stats`` (a ``DecodeStats``), when given, receives the last batch's decode statistics.
     """
-    import torch
     from tqdm.auto import tqdm
 
     from .decoding import decode
@@ -73,19 +85,12 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
     try:
         for batch_index, start in enumerate(range(0, len(jobs), params.batch_size)):
             batch = jobs[start:start + params.batch_size]
-            width = max(len(prompt_ids[p]) for p, _ in batch)
-            input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, (p, _) in enumerate(batch):
-                ids = prompt_ids[p]
-                input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-                attention[row, width - len(ids):] = 1
+            input_ids, attention = left_pad([prompt_ids[p] for p, _ in batch], pad_token_id)
             generated = decode(
                 model, input_ids, attention, params.max_new_tokens, temperature=params.temperature,
                 top_p=params.top_p, seed=params.seed + batch_index,
                 eos_token_ids=eos_token_ids if stop_at_eos else (), use_cuda_graph=params.cuda_graphs,
-                compile_step=params.compile_step,
-                stats=stats,
+                compile_step=params.compile_step, stats=stats,
             ).tolist()
             for row, (p, s) in enumerate(batch):
                 tokens = generated[row]

@@ -15,6 +15,7 @@ recomputation included. It is used on CUDA where ``varlen_attn`` runs forward an
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import Optional
@@ -45,19 +46,27 @@ def _varlen_kernel():
     return varlen_attn
 
 
-def _call_varlen(q, k, v, cu, max_len: int, scale: Optional[float]):
-    kernel = _varlen_kernel()
+@functools.lru_cache(maxsize=None)
+def _varlen_options(kernel) -> tuple[dict, bool, bool]:
+    """(causal keyword, takes ``scale``, takes ``enable_gqa``): the kernel's signature differs
+    across torch versions; read once, not in every layer's forward."""
     params = inspect.signature(kernel).parameters
-    kwargs = {"scale": scale} if "scale" in params else {}
     if "is_causal" in params:
-        kwargs["is_causal"] = True
+        causal = {"is_causal": True}
     elif "window_size" in params:
-        kwargs["window_size"] = (-1, 0)
+        causal = {"window_size": (-1, 0)}
     else:
         raise RuntimeError("varlen_attn takes neither is_causal nor window_size")
+    return causal, "scale" in params, "enable_gqa" in params
+
+
+def _call_varlen(q, k, v, cu, max_len: int, scale: Optional[float]):
+    kernel = _varlen_kernel()
+    causal, takes_scale, takes_gqa = _varlen_options(kernel)
+    kwargs = dict(causal, **({"scale": scale} if takes_scale else {}))
     heads, kv_heads = q.shape[1], k.shape[1]
     if kv_heads != heads:
-        if "enable_gqa" in params:
+        if takes_gqa:
             kwargs["enable_gqa"] = True
         else:  # each kv head serves heads // kv_heads consecutive query heads
             group = heads // kv_heads
@@ -118,7 +127,9 @@ def packed_attention_problem(device) -> Optional[str]:
 
 def use_packed_attention(model, device) -> Optional[str]:
     """Switch an SDPA model to packed varlen attention where it works; returns why not otherwise."""
-    configs = [m.config for m in model.modules() if hasattr(getattr(m, "config", None), "_attn_implementation")]
+    from ..modeling import attention_configs
+
+    configs = attention_configs(model)
     current = {c._attn_implementation for c in configs}
     if current != {"sdpa"}:
         return f"attention implementation is {sorted(map(str, current))}, not sdpa"
