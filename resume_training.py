@@ -46,14 +46,15 @@ def main(argv=None) -> int:
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)
     if args.print_state:
-        print(shell_assignments(paths, read_run_state(paths), location.uri if location else None))
+        print(shell_assignments(paths, read_run_state(paths), location.uri if location else None,
+                                cfg.model.device_map))
         return 0
     if location is not None:
         code = actions.list_checkpoints(cfg, location) if args.dry_run else actions.restore(cfg, paths, location)
         if code != 0:
             return code
     config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
-    plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args)
+    plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args, cfg.model.device_map)
     if args.dry_run and location is not None and plan.stages:
         # A dry run downloads nothing, so the plan reads local files; the real run restores first.
         print(f"(plan from the local files; without --dry-run the complete checkpoints listed above are "

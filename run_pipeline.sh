@@ -17,7 +17,9 @@
 # bucket the watcher still turns a spot notice into a checkpoint.
 #
 # Without --config or --smoke: configs/default.yaml when nvidia-smi sees a GPU, else the smoke config.
-# Training runs under `accelerate launch --num_processes N` when nvidia-smi lists N > 1 GPUs.
+# Training runs under `accelerate launch --num_processes N` when N > 1 GPUs are visible (N counts the
+# entries of CUDA_VISIBLE_DEVICES when it is set, else the GPUs `nvidia-smi -L` lists), and as one
+# process when model.device_map is set (it shards one model over every visible GPU).
 # Environment: PYTHON (interpreter, default python3), KERNEL_RL_BUCKET, KERNEL_RL_TRAIN_LAUNCHER
 # (replaces the training launcher, e.g. "accelerate launch --num_processes 4").
 set -euo pipefail
@@ -26,7 +28,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRIPTS_DIR="${KERNEL_RL_SCRIPTS_DIR:-$HERE}"  # where the stage scripts live (tests use stand-ins)
 PY="${PYTHON:-python3}"
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+# The comment block at the top of this file, up to its first line of code.
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; }
 
 CONFIG=""
 SMOKE=0
@@ -227,7 +230,7 @@ log "run root $RUN_ROOT"
 if [ -n "$BUCKET" ]; then
   log "restoring from $S3_URI before starting"
   if ! "$PY" "$HERE/checkpoint_manager.py" --action restore "${CFG_ARGS[@]}" "${BUCKET_ARGS[@]}"; then
-    FAILED_STAGE="restore from $S3_URI (does the bucket exist? 'python checkpoint_manager.py --action setup --bucket $BUCKET')"
+    FAILED_STAGE="restore from $S3_URI (the cause is printed above)"
     exit 4
   fi
   read_state

@@ -65,11 +65,26 @@ def read_run_state(paths: RunPaths) -> RunState:
 LAUNCHER_ENV = "KERNEL_RL_TRAIN_LAUNCHER"
 
 
+def gpus_from_cuda_visible_devices(value: str) -> int:
+    """How many GPUs a CUDA_VISIBLE_DEVICES value exposes: CUDA takes the comma-separated entries
+    (indices, GPU-/MIG- UUIDs) up to the first invalid one, so "0,-1,2" exposes one GPU, "" none."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-") or not (entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
 def visible_gpus() -> int:
-    """GPUs nvidia-smi lists (0 without a driver); no torch import, so it is instant."""
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when it is set, else the GPUs ``nvidia-smi -L``
+    lists (0 without a driver). No torch import, so it is instant."""
     import shutil
     import subprocess
 
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return gpus_from_cuda_visible_devices(os.environ["CUDA_VISIBLE_DEVICES"])
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
@@ -79,12 +94,15 @@ def visible_gpus() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
-def training_launcher(python: str) -> list[str]:
-    """How training stages start: $KERNEL_RL_TRAIN_LAUNCHER if set, ``accelerate launch`` with one
-    process per GPU when there are several (data parallel), else the plain interpreter."""
+def training_launcher(python: str, device_map: Optional[str] = None) -> list[str]:
+    """How training stages start: $KERNEL_RL_TRAIN_LAUNCHER if set; the plain interpreter when
+    ``model.device_map`` is set (one process shards the model over every GPU); else ``accelerate
+    launch`` with one process per GPU when there are several (data parallel)."""
     override = os.environ.get(LAUNCHER_ENV)
     if override:
         return shlex.split(override)
+    if device_map:
+        return [python]
     gpus = visible_gpus()
     if gpus > 1:
         return [python, "-m", "accelerate.commands.launch", "--num_processes", str(gpus)]
@@ -144,16 +162,18 @@ def _index(checkpoint: Path, key: str):
     return value if value is not None else checkpoint.name
 
 
-def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str]) -> ResumePlan:
+def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str],
+                device_map: Optional[str] = None) -> ResumePlan:
     state = read_run_state(paths)
     stages = [stage for stage in STAGE_ORDER if not state.done(stage)]
     resume_from, position = _position(state)
-    launcher = training_launcher(python) if {"sft", "rl"} & set(stages) else None
+    launcher = training_launcher(python, device_map) if {"sft", "rl"} & set(stages) else None
     commands = [stage_command(stage, python, scripts_dir, config_args, launcher) for stage in stages]
     return ResumePlan(state, stages, commands, resume_from, position)
 
 
-def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None) -> str:
+def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None,
+                      device_map: Optional[str] = None) -> str:
     """``NAME=value`` lines for ``eval`` in run_pipeline.sh: stage status and where things are."""
     values = {
         "RUN_ROOT": state.root,
@@ -168,6 +188,6 @@ def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = 
         "OUTPUTS_DIR": paths.outputs,
         "LOGS_DIR": paths.logs,
         "S3_URI": s3_uri or "",
-        "TRAIN_LAUNCHER": shlex.join(training_launcher(sys.executable)),
+        "TRAIN_LAUNCHER": shlex.join(training_launcher(sys.executable, device_map)),
     }
     return "\n".join(f"{name}={shlex.quote(str(value))}" for name, value in values.items())

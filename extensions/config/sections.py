@@ -6,7 +6,7 @@ overrides what a CPU run needs. Each stage owns the fields of its own section.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 
 @dataclass
@@ -192,6 +192,10 @@ class CheckpointConfig:
     sync_interval_s: float = 600.0
     keep_last: int = 3
     sync_dirs: list[str] = field(default_factory=lambda: ["checkpoints", "data", "outputs", "logs"])
+    # Poll the instance metadata service for spot notices: auto (only where /sys says this is an
+    # EC2 instance), on (always, e.g. in a container that hides /sys), off (never; SIGTERM still works).
+    # YAML 1.1 reads a bare on/off as true/false: both spellings are accepted.
+    spot_watch: Union[Literal["auto", "on", "off"], bool] = "auto"
     spot_poll_interval_s: float = 5.0
     metadata_endpoint: str = "http://169.254.169.254"
     upload_concurrency: int = 16  # threads per file (multipart parts in flight)
