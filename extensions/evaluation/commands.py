@@ -26,6 +26,8 @@ COMPARED_MODELS = ("base", "sft", "rl")
 # out of memory): that model is skipped and reported.
 MODEL_FAILURES = (InputError, OSError, RuntimeError, ValueError, ImportError)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A local directory is a model when it holds one of these (full weights' config or a LoRA adapter).
+MODEL_MARKERS = ("config.json", "adapter_config.json")
 
 
 class UsageError(ValueError):
@@ -81,6 +83,9 @@ def missing_model_reason(model_path: str, *, must_be_local: bool) -> Optional[st
             return f"{path} is not a model directory"
         if (path / META).is_file() and not is_complete(path):
             return f"{path} is an incomplete checkpoint (no valid manifest.json: it was still being written)"
+        if not any((path / name).is_file() for name in MODEL_MARKERS) and not any(path.glob("*.gguf")):
+            return (f"{path} is not a model directory: it holds no {' or '.join(MODEL_MARKERS)} "
+                    "and no .gguf file")
         return None
     if not must_be_local and (model_path.startswith("pkg:") or _HUB_ID.match(model_path)):
         return None  # a hub id or an installed package: loading will tell
@@ -123,8 +128,12 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
                    device: Optional[str], progress: bool = True) -> tuple[dict, Path]:
     """Generate (or reuse), verify and report one model; returns the report and where it was written."""
     generations_path = outputs.generations(name)
-    generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path, progress=progress,
-                                     workers=cfg.eval.generation_workers)
+    try:
+        generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path,
+                                         progress=progress, workers=cfg.eval.generation_workers)
+    except MODEL_FAILURES:
+        _remove_if_header_only(generations_path)  # nothing generated: leave no file that looks like a result
+        raise
     selected = {t.task_id for t in tasks}
     outside = sum(1 for row in generations.rows if row.task_id not in selected)
     if outside:
@@ -143,6 +152,15 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
     return report, report_path
 
 
+def _remove_if_header_only(generations_path: Path) -> None:
+    try:
+        saved = read_generations(generations_path)
+    except (InputError, OSError):
+        return
+    if not saved.rows and not saved.issues:
+        generations_path.unlink(missing_ok=True)
+
+
 def run_single_model(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     name = args.name or report_name(args.model_path)
@@ -158,7 +176,8 @@ def run_single_model(args, cfg) -> int:
     except VerificationError:
         raise  # exit status 1, handled in run_command
     except MODEL_FAILURES as exc:
-        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {exc}")
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}")
         return EXIT_SKIPPED
     summarize(report, path)
     return EXIT_OK if report["complete"] else EXIT_SKIPPED
