@@ -15,7 +15,8 @@ from typing import Any, Optional, Sequence
 from ..checkpoints import META, atomic_write_json, is_complete
 from ..paths import RunPaths
 from .compare import compare_reports, write_comparison
-from .inputs import InputError, load_tasks, read_generations
+from .inputs import GenerationsFile, InputError, load_tasks, read_generations
+from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
@@ -180,7 +181,8 @@ def run_single_model(args, cfg) -> int:
         print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}")
         return EXIT_SKIPPED
     summarize(report, path)
-    return EXIT_OK if report["complete"] else EXIT_SKIPPED
+    export_complete = export_generations(args, read_generations(outputs.generations(name)), tasks)
+    return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
 
 
 def run_from_generations(args, cfg) -> int:
@@ -189,7 +191,8 @@ def run_from_generations(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     tasks_file = Path(args.tasks) if args.tasks else outputs.paths.eval_tasks
     tasks, task_issues = load_tasks(tasks_file)
-    generations = read_generations(Path(args.from_generations))
+    source = Path(args.from_generations)
+    generations = read_kernelbench_run(source, tasks) if source.is_dir() else read_generations(source)
     if not generations.rows:
         raise InputError(f"{args.from_generations}: no generation rows"
                          + (f" ({len(generations.issues)} bad lines)" if generations.issues else ""))
@@ -204,7 +207,19 @@ def run_from_generations(args, cfg) -> int:
     path = outputs.eval_report(args.name)
     atomic_write_json(path, report)
     summarize(report, path)
-    return EXIT_OK if report["complete"] else EXIT_SKIPPED
+    export_complete = export_generations(args, generations, tasks)
+    return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
+
+
+def export_generations(args, generations: GenerationsFile, tasks: Sequence[EvalTask]) -> bool:
+    """``--export-kernelbench DIR``: the generations in KernelBench's run-folder layout. False when
+    some samples could not be written (reported)."""
+    if not args.export_kernelbench:
+        return True
+    summary = export_kernelbench_run(generations, tasks, Path(args.export_kernelbench))
+    print(summary.describe())
+    _print_issues("not written", summary.skipped)
+    return not summary.skipped
 
 
 def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, bool]]:
@@ -261,6 +276,8 @@ def run_command(args) -> int:
             raise UsageError("--level, --num_tasks and --samples_per_task do not apply to --from_generations")
         if not args.compare and (args.base or args.sft or args.rl):
             raise UsageError("--base/--sft/--rl only apply to --compare")
+        if args.compare and args.export_kernelbench:
+            raise UsageError("--export-kernelbench applies to --model_path or --from_generations (one model)")
         cfg = config_from_args(args)
         if args.compare:
             return run_compare(args, cfg)
