@@ -19,6 +19,7 @@ from .sections import (
     CurriculumConfig,
     DataConfig,
     EvalConfig,
+    LoggingConfig,
     LoraConfig,
     ModelConfig,
     RLConfig,
@@ -43,6 +44,7 @@ class PipelineConfig:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     # The file this config came from, so checkpoints can name it in meta.json.
     source: Optional[str] = None
 
@@ -90,7 +92,7 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
 
 
 __all__ = [
-    "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoraConfig",
+    "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "PipelineConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
     "add_config_args", "config_from_args", "load_config", "to_dict", "build", "override",
 ]

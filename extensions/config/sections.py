@@ -208,3 +208,12 @@ class CheckpointConfig:
     notice_deadline_s: float = 120.0  # when a notice has no parseable `time`, and for SIGTERM
     save_ack_timeout_s: float = 60.0  # longest wait for the trainer to confirm the requested save
     emergency_reserve_s: float = 30.0  # time before the deadline kept for the emergency sync
+
+
+@dataclass
+class LoggingConfig:
+    """Where training metrics go besides logs/<stage>_metrics.jsonl (always written)."""
+
+    # Experiment trackers, through accelerate: tensorboard (logs/tensorboard/<stage>), wandb, mlflow.
+    # wandb and mlflow are not dependencies: install the package of the one you name. [] = JSONL only.
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])

@@ -345,7 +345,8 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     if verify_fn is None:
         verify_fn = make_verify_fn(cfg.verifier, dist.verifier_device(cfg.verifier.device), progress=progress)
     ctx = RoundContext(cfg, paths, dist, tokenizer, verify_fn, save_signal, progress)
-    metrics = MetricsLogger.for_stage(paths, "rl", enabled=dist.is_main)
+    metrics = MetricsLogger.for_stage(paths, "rl", enabled=dist.is_main, report_to=cfg.logging.report_to,
+                                      project=cfg.run.run_id)
     data_meta = {"rl_tasks": file_fingerprint(paths.rl_tasks), "tasks": len(tasks),
                  "start": str(start_from) if start_from else "base+fresh-lora"}
     last_round_dir = resume_dir
