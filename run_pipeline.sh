@@ -134,6 +134,8 @@ summary() {
   banner "summary ($(duration $((SECONDS - PIPELINE_START))))"
   local line
   for line in ${STAGE_LINES[@]+"${STAGE_LINES[@]}"}; do echo "  $line"; done
+  # What RL really did (candidates per verifier stage, optimizer steps), read from its logs.
+  "$PY" -m extensions.training.activity "${CFG_ARGS[@]}" 2>/dev/null | sed 's/^/  /' || true
   read_state 2>/dev/null || true
   echo "  run root     $RUN_ROOT"
   echo "  data         $DATA_DIR"

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 from ..checkpoints import META, atomic_write_json, is_complete
 from ..paths import RunPaths
+from ..training.activity import rl_activity
 from .compare import compare_reports, write_comparison
 from .inputs import GenerationsFile, InputError, load_tasks, read_generations
 from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
@@ -255,6 +256,8 @@ def run_compare(args, cfg) -> int:
             skipped.append({"name": name, "model_path": model_path, "reason": reason})
     comparison = compare_reports(reports, bootstrap_samples=cfg.eval.bootstrap_samples, seed=cfg.eval.seed,
                                  skipped_models=skipped)
+    # Whether RL really ran (candidates in the sandbox, optimizer steps), next to what it achieved.
+    comparison["rl_activity"] = rl_activity(outputs.paths).to_json()
     write_comparison(comparison, reports, json_path=outputs.compare_json, md_path=outputs.compare_md,
                      png_path=outputs.compare_png)
     print(f"comparison of {', '.join(reports) or 'no model'}: {outputs.compare_md}")
