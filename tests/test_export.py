@@ -54,7 +54,7 @@ def test_merged_model_loads_without_peft_and_matches_base_plus_adapter(trained_a
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "merged"
-    result = export(trained_adapter["adapter"], out)
+    result = export(trained_adapter["adapter"], out, "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "meta.json", "manifest.json"} <= names
@@ -111,3 +111,15 @@ def test_gguf_quantizer_is_detached_so_the_model_can_be_saved(trained_adapter, t
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()))
     assert not detach_gguf_quantizer(reloaded)  # nothing attached: nothing done
+
+
+def test_dtype_flag_sets_the_saved_precision(trained_adapter, tmp_path):
+    from safetensors import safe_open
+
+    out = tmp_path / "merged-bf16"
+    result = export(trained_adapter["adapter"], out, "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    with safe_open(str(out / "model.safetensors"), framework="pt") as weights:
+        dtypes = {weights.get_tensor(name).dtype for name in weights.keys()}
+    assert dtypes == {torch.bfloat16}
+    assert json.loads((out / "meta.json").read_text())["dtype"] == "bfloat16"

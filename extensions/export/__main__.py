@@ -1,4 +1,4 @@
-"""python -m extensions.export --adapter CHECKPOINT --out DIR [--device cpu|cuda] [--force] [--config F | --smoke]
+"""python -m extensions.export --adapter CHECKPOINT --out DIR [--device cpu|cuda] [--dtype D] [--force] [--config F | --smoke]
 
 Merges a LoRA adapter written by train_integrated.py (sft/final, rl/final, a checkpoint-N or
 round-NNN) into the base model its meta.json names and saves a standalone model directory. Exit
@@ -19,6 +19,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--adapter", required=True, help="a complete adapter checkpoint directory")
     parser.add_argument("--out", required=True, help="where the merged model is written")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the merge runs (default cpu)")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"),
+                        help="weights' dtype for the merge and the saved model (default: model.dtype; auto is "
+                             "bf16 on a GPU, fp32 on the CPU)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     add_config_args(parser)
     return parser.parse_args(argv)
@@ -27,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, [f"model.dtype={args.dtype}"] if args.dtype else [])
         out = export_merged_model(args.adapter, args.out, cfg.model, config_source=cfg.source, device=args.device,
                                   overwrite=args.force)
     except (ExportError, ConfigError) as exc:
