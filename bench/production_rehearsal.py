@@ -79,6 +79,8 @@ class Rehearsal:
     rl_tasks_per_batch: int
     eval_tasks_per_batch: int
     samples: dict = field(default_factory=dict)  # this rank's task_id -> sampled texts
+    chars_per_token: float = 3.5  # of the tokenizer on the task sources
+    template_tokens: int = 0  # tokens of the prompt around a task's code
     sft_steps_done: int = 0
     sft_mean_tokens: float = 0.0
     sft_packed_fill: float = 1.0
@@ -370,6 +372,8 @@ def setup(args) -> Rehearsal:
     for task, ids in zip(tasks, render_prompt_ids(tokenizer, [build_messages(t["code"]) for t in tasks])):
         task["prompt_tokens"] = len(ids)
     rl_tasks, rl_per_batch, eval_tasks, eval_per_batch, eval_count = select_tasks(args, cfg, tasks, fixtures, dist.world_size)
+    code_tokens = sum(len(tokenizer(t["code"])["input_ids"]) for t in tasks)
+    template_tokens = len(render_prompt_ids(tokenizer, [build_messages("")])[0])
     device = dist.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dims = {**TINY, "vocab_size": len(tokenizer)} if tiny else QWEN25_7B
@@ -385,7 +389,8 @@ def setup(args) -> Rehearsal:
               f"({dtype}) in {time.perf_counter() - started:.1f} s; {dist.world_size} process(es)", flush=True)
     return Rehearsal(args=args, cfg=cfg, dist=dist, device=device, tokenizer=tokenizer, trainer=trainer,
                      rl_tasks=rl_tasks, eval_tasks=eval_tasks, eval_task_count=eval_count, fixtures=fixtures,
-                     rl_tasks_per_batch=rl_per_batch, eval_tasks_per_batch=eval_per_batch)
+                     rl_tasks_per_batch=rl_per_batch, eval_tasks_per_batch=eval_per_batch,
+                     chars_per_token=sum(len(t["code"]) for t in tasks) / code_tokens, template_tokens=template_tokens)
 
 
 def batch_seconds(phase: Optional[dict]) -> tuple[Optional[float], float]:
@@ -445,6 +450,15 @@ def build_report(ctx: Rehearsal, phases: list[dict]) -> dict:
     for key, gib in paper.items():
         if key in by_key:
             by_key[key]["estimated_gib"] = gib
+    # The full run's worst batches: RL prompts as long as the data preparation lets through.
+    longest_rl_allowed = ctx.template_tokens + round(cfg.data.max_prompt_chars / ctx.chars_per_token)
+    worst = estimate_memory_gib(shape, cfg, rl_batch=ctx.rl_tasks_per_batch * cfg.rl.samples_per_task,
+                                longest_rl_prompt=longest_rl_allowed,
+                                eval_batch=ctx.eval_tasks_per_batch * cfg.eval.samples_per_task,
+                                longest_eval_prompt=max((t["prompt_tokens"] for t in ctx.eval_tasks), default=0))
+    worst_note = (f"On paper, the full run's largest batches need {worst['sft']:.1f} GiB (SFT), "
+                  f"{worst['rl_sampling']:.1f} GiB (RL sampling, prompts up to {longest_rl_allowed} tokens = "
+                  f"data.max_prompt_chars) and {worst['eval_generation']:.1f} GiB (evaluation).")
     kept_tokens = (sum(t["prompt_tokens"] for t in ctx.rl_tasks) / max(1, len(ctx.rl_tasks))
                    + sum(len(ctx.tokenizer(k)["input_ids"]) for k in ctx.fixtures.values()) / max(1, len(ctx.fixtures)))
     run = FullRun.plan(cfg, gpus=args.target_gpus, kernelbook_rows=args.kernelbook_rows,
@@ -454,7 +468,8 @@ def build_report(ctx: Rehearsal, phases: list[dict]) -> dict:
     device = torch.cuda.get_device_name(ctx.device) if _cuda(ctx) else "CPU"
     return {"device": device, "processes": world, "model_scale": args.model_scale, "config": cfg.source,
             "model_dims": dims, "parameters": shape.parameters(), "target_gpus": args.target_gpus,
-            "tokenizer": {"vocab": len(ctx.tokenizer)}, "phases": phases, "memory_on_paper_gib": paper,
+            "tokenizer": {"vocab": len(ctx.tokenizer), "chars_per_token": ctx.chars_per_token}, "phases": phases,
+            "memory_on_paper_gib": paper, "memory_on_paper_full_run_gib": worst, "memory_note": worst_note,
             "rates": asdict(rates), "full_run": asdict(run), "projection": projection.to_dict(),
             "table": markdown_table(phases, projection), "arguments": {k: v for k, v in vars(args).items()}}
 
@@ -506,8 +521,9 @@ def main(argv=None) -> int:
     (out / "rehearsal.json").write_text(json.dumps(report, indent=2, default=str))
     header = (f"### Production rehearsal on {report['processes']} x {report['device']} "
               f"({args.model_scale}, {report['parameters'] / 1e9:.2f}B parameters, random weights)\n")
-    (out / "rehearsal.md").write_text(header + "\n" + report["table"] + "\n")
-    print("\n" + header + "\n" + report["table"] + "\n", flush=True)
+    text = f"{header}\n{report['table']}\n\n{report['memory_note']}\n"
+    (out / "rehearsal.md").write_text(text)
+    print("\n" + text, flush=True)
     print(f"[rehearsal] wrote {out / 'rehearsal.json'}", flush=True)
     return 1 if any(p.get("error") for p in phases) else 0
 
