@@ -59,8 +59,6 @@ TINY_OVERRIDES = ("sft.max_seq_len=256", "rl.max_new_tokens=16", "eval.max_new_t
                   "verifier.multi_input_num_tests=2")
 PHASES = ("sft", "rl_sampling", "rl_verification", "checkpoint_save", "s3_sync", "eval_generation")
 
-log = logging.getLogger("rehearsal")
-
 
 # -- the rehearsal ---------------------------------------------------------------------------------
 
@@ -191,7 +189,8 @@ def generate(ctx: Rehearsal, model, tasks: list[dict], n: int, per_batch: int, *
     from extensions.sampling import SamplingParams, render_prompt_ids, sample_token_ids
 
     mine = ctx.dist.shard(tasks)
-    eos = sorted({ctx.tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if model.generation_config.eos_token_id is not None else [])})
+    model_eos = model.generation_config.eos_token_id
+    eos = sorted({ctx.tokenizer.eos_token_id, *([] if model_eos is None else [model_eos])})
     texts, batches = {}, []
     for index, start in enumerate(range(0, len(mine), per_batch)):
         chunk = mine[start:start + per_batch]
