@@ -286,7 +286,7 @@ def markdown_table(phases: list[dict], projection: Projection) -> str:
     head = ["phase", "rehearsed", "wall s", "tokens/s per GPU", "peak GiB alloc / reserved", "on paper GiB",
             "margin 40 GB", "margin 80 GB", f"full run on {g} GPUs", "hours", "GPU-hours",
             f"USD at ${projection.usd_per_gpu_hour:.2f}/GPU-h"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 8 + "---:|" * 3]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 9 + "---:|" * 3]
     by_key = {p["key"]: p for p in phases}
     parts = {p.key: p for p in projection.parts}
     for key, name in ROWS:

@@ -86,8 +86,11 @@ def test_projection_follows_the_config_and_the_gpu_count():
 
     unmeasured = project(eight, Rates(sft_tokens_per_s=2000.0, validation_tokens_per_s=6000.0), 3.0)
     assert not unmeasured.complete
-    table = markdown_table([], unmeasured)
+    table = markdown_table([{"key": "sft", "work": "3 steps", "seconds": 30.0, "tokens_per_s_per_gpu": 2000.0,
+                             "peak_allocated_gib": 30.0, "peak_reserved_gib": 33.0, "estimated_gib": 34.1}], unmeasured)
     assert "not measured" in table and "total (measured parts only)" in table
+    assert "| +7.0 | +47.0 |" in table  # margins on 40 and 80 GB cards from the reserved peak
+    assert len({line.count("|") for line in table.splitlines()}) == 1  # every row has every column
 
 
 def test_tiny_rehearsal_runs_every_phase_on_cpu(kernelbench_jsonl, tmp_path):
