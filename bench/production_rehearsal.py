@@ -34,25 +34,24 @@ import argparse
 import gc
 import json
 import logging
-import math
 import os
-import random
 import shutil
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rehearsal_inputs import (QWEN25_7B, TINY, TOKENIZER_VOCAB, build_code_tokenizer, build_random_model,  # noqa: E402
-                              read_fixture_kernels, read_kernelbench, sample_variant, synthetic_sft_examples)
-from rehearsal_report import (GIB, KERNELBOOK_ROWS, FullRun, ModelShape, Rates, estimate_memory_gib,  # noqa: E402
-                              markdown_table, project)
+                              read_fixture_kernels, read_kernelbench, sample_variant, select_tasks,
+                              synthetic_sft_examples)
+from rehearsal_report import (GIB, KERNELBOOK_ROWS, FullRun, ModelShape, estimate_memory_gib,  # noqa: E402
+                              markdown_table, measured_rates, project)
 
 # The same phases at toy sizes, so a CPU runs them in seconds.
 TINY_OVERRIDES = ("sft.max_seq_len=256", "rl.max_new_tokens=16", "eval.max_new_tokens=16",
@@ -326,28 +325,6 @@ PHASE_WORK = {"sft": sft_phase, "rl_sampling": rl_sampling_phase, "rl_verificati
 
 # -- set-up, rates, report -------------------------------------------------------------------------
 
-def select_tasks(args, cfg, tasks: list[dict], fixtures: dict, world: int) -> tuple[list, int, list, int, int]:
-    """(RL tasks, RL tasks per batch, evaluation tasks, evaluation tasks per batch, evaluation task count).
-
-    Each rank gets the batch shape it has in the full run on ``--target-gpus`` GPUs. Its first RL
-    batch holds the longest prompts the data preparation lets through (the largest KV cache), the
-    next ones the tasks that have a real kernel, so their verification runs real GPU work.
-    """
-    rl, ev = cfg.rl, cfg.eval
-    rl_per_batch = min(max(1, rl.generation_batch_size // rl.samples_per_task), math.ceil(rl.tasks_per_round / args.target_gpus))
-    pool = [t for t in tasks if t["level"] in (1, 2)]
-    random.Random(cfg.run.seed).shuffle(pool)
-    pool.sort(key=lambda t: tuple(t["key"]) not in fixtures)  # stable: the tasks with a real kernel first
-    longest = sorted((t for t in tasks if len(t["code"]) <= cfg.data.max_prompt_chars), key=lambda t: -t["prompt_tokens"])
-    first = longest[:rl_per_batch * world]
-    rest = [t for t in pool if t not in first][:rl_per_batch * world * max(0, args.rl_batches_per_rank - 1)]
-    levels = set(ev.levels) & set(cfg.data.kernelbench_levels)
-    eval_all = [t for t in tasks if t["level"] in levels][:ev.num_tasks or None]
-    eval_per_batch = max(1, ev.generation_batch_size // ev.samples_per_task)
-    eval_tasks = sorted(eval_all, key=lambda t: -t["prompt_tokens"])[:eval_per_batch * args.eval_batches_per_rank * world]
-    return first[:rl_per_batch * world] + rest, rl_per_batch, eval_tasks, eval_per_batch, len(eval_all)
-
-
 def setup(args) -> Rehearsal:
     import torch
 
@@ -359,6 +336,8 @@ def setup(args) -> Rehearsal:
     from extensions.modeling import attach_lora, enable_gradient_checkpointing
 
     tiny = args.model_scale == "tiny"
+    if not tiny and not torch.cuda.is_available():
+        raise SystemExit("--model-scale 7b needs a CUDA GPU (15 GB of bf16 weights); use --model-scale tiny on a CPU")
     cfg = config_from_args(args, [*(TINY_OVERRIDES if tiny else ()), f"run.root={args.work_dir}", "run.run_id=rehearsal"])
     dist = make_dist(cfg.model)
     if dist.is_main:
@@ -392,42 +371,6 @@ def setup(args) -> Rehearsal:
                      chars_per_token=sum(len(t["code"]) for t in tasks) / code_tokens, template_tokens=template_tokens)
 
 
-def batch_seconds(phase: Optional[dict]) -> tuple[Optional[float], float]:
-    """(seconds of a warm generate batch, extra seconds of each process's first batch)."""
-    if not phase or phase.get("error"):
-        return None, 0.0
-    firsts = [r["batches"][0]["seconds"] for r in phase["ranks"] if r.get("batches")]
-    later = [b["seconds"] for r in phase["ranks"] for b in r.get("batches", [])[1:]]
-    if not firsts:
-        return None, 0.0
-    first = sum(firsts) / len(firsts)
-    if not later:
-        return first, 0.0
-    warm = sum(later) / len(later)
-    return warm, max(0.0, first - warm)
-
-
-def measured_rates(phases: dict[str, dict], world: int) -> Rates:
-    ok = {key: p for key, p in phases.items() if not p.get("error")}
-    rates = Rates()
-    if "sft" in ok:
-        rates.sft_tokens_per_s = ok["sft"].get("tokens_per_s_per_gpu")
-        rates.validation_tokens_per_s = ok["sft"]["ranks"][0]["validation_tokens_per_s_per_gpu"]
-    rates.rl_chunk_s, rates.rl_first_chunk_extra_s = batch_seconds(ok.get("rl_sampling"))
-    rates.eval_chunk_s, rates.eval_first_chunk_extra_s = batch_seconds(ok.get("eval_generation"))
-    verification = ok.get("rl_verification")
-    candidates = sum(r.get("candidates", 0) for r in verification["ranks"]) if verification else 0
-    if candidates:
-        rates.verify_gpu_s_per_candidate = verification["seconds"] * world / candidates
-        real = sum(r["real_kernels"] for r in verification["ranks"])
-        correct = sum(r["correct"] for r in verification["ranks"])
-        timed = sum(r["timed"] for r in verification["ranks"])
-        verification["work"] = f"{candidates} candidates ({real} real kernels: {correct} correct, {timed} timed)"
-    if "checkpoint_save" in ok:
-        rates.save_s = ok["checkpoint_save"]["seconds"]
-    return rates
-
-
 def build_report(ctx: Rehearsal, phases: list[dict]) -> dict:
     import torch
 
@@ -436,7 +379,12 @@ def build_report(ctx: Rehearsal, phases: list[dict]) -> dict:
     args, cfg, world = ctx.args, ctx.cfg, ctx.dist.world_size
     by_key = {p["key"]: p for p in phases}
     for phase in phases:
-        phase["work"] = phase["ranks"][0].get("work", phase.get("work", ""))
+        phase["work"] = phase["ranks"][0].get("work", "")
+    if "rl_verification" in by_key:
+        ranks = by_key["rl_verification"]["ranks"]
+        total = {k: sum(r.get(k, 0) for r in ranks) for k in ("candidates", "real_kernels", "correct", "timed")}
+        by_key["rl_verification"]["work"] = (f"{total['candidates']} candidates ({total['real_kernels']} real kernels: "
+                                             f"{total['correct']} correct, {total['timed']} timed)")
     rates = measured_rates(by_key, world)
     dims = {**TINY, "vocab_size": len(ctx.tokenizer)} if args.model_scale == "tiny" else QWEN25_7B
     shape = ModelShape.from_hf_config(Qwen2Config(**dims))
@@ -506,24 +454,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def write_report(ctx: Rehearsal, phases: list[dict]) -> str:
+    """rehearsal.json and rehearsal.md under --out (rewritten after every phase, so a run cut short
+    by a time limit still leaves what it measured); returns the markdown."""
+    report = build_report(ctx, phases)
+    out = Path(ctx.args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rehearsal.json").write_text(json.dumps(report, indent=2, default=str))
+    header = (f"### Production rehearsal on {report['processes']} x {report['device']} "
+              f"({ctx.args.model_scale}, {report['parameters'] / 1e9:.2f}B parameters, random weights)\n")
+    text = f"{header}\n{report['table']}\n\n{report['memory_note']}\n"
+    (out / "rehearsal.md").write_text(text)
+    return text
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     ctx = setup(args)
-    selected = set(args.phases.split(","))
-    phases = [run_phase(ctx, key, PHASE_WORK[key]) for key in PHASES if key in selected]
-    if not ctx.dist.is_main:
-        return 0
-    report = build_report(ctx, phases)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rehearsal.json").write_text(json.dumps(report, indent=2, default=str))
-    header = (f"### Production rehearsal on {report['processes']} x {report['device']} "
-              f"({args.model_scale}, {report['parameters'] / 1e9:.2f}B parameters, random weights)\n")
-    text = f"{header}\n{report['table']}\n\n{report['memory_note']}\n"
-    (out / "rehearsal.md").write_text(text)
-    print("\n" + text, flush=True)
-    print(f"[rehearsal] wrote {out / 'rehearsal.json'}", flush=True)
+    phases = []
+    for key in PHASES:
+        if key in args.phases.split(","):
+            phases.append(run_phase(ctx, key, PHASE_WORK[key]))
+            text = write_report(ctx, phases) if ctx.dist.is_main else ""
+    if ctx.dist.is_main:
+        print("\n" + text, flush=True)
+        print(f"[rehearsal] wrote {Path(args.out) / 'rehearsal.json'}", flush=True)
     return 1 if any(p.get("error") for p in phases) else 0
 
 

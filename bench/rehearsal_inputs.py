@@ -113,3 +113,25 @@ def synthetic_sft_examples(count: int, median: int, max_len: int, vocab: int, se
         prompt = int(length * 0.4)
         examples.append(TokenizedExample(input_ids=ids, labels=[IGNORE_INDEX] * prompt + ids[prompt:]))
     return examples
+
+
+def select_tasks(args, cfg, tasks: list[dict], fixtures: dict, world: int) -> tuple[list, int, list, int, int]:
+    """(RL tasks, RL tasks per batch, evaluation tasks, evaluation tasks per batch, evaluation task count).
+
+    Each rank gets the batch shape it has in the full run on ``--target-gpus`` GPUs. Its first RL
+    batch holds the longest prompts the data preparation lets through (the largest KV cache), the
+    next ones the tasks that have a real kernel, so their verification runs real GPU work.
+    """
+    rl, ev = cfg.rl, cfg.eval
+    rl_per_batch = min(max(1, rl.generation_batch_size // rl.samples_per_task), math.ceil(rl.tasks_per_round / args.target_gpus))
+    pool = [t for t in tasks if t["level"] in (1, 2)]
+    random.Random(cfg.run.seed).shuffle(pool)
+    pool.sort(key=lambda t: tuple(t["key"]) not in fixtures)  # stable: the tasks with a real kernel first
+    longest = sorted((t for t in tasks if len(t["code"]) <= cfg.data.max_prompt_chars), key=lambda t: -t["prompt_tokens"])
+    first = longest[:rl_per_batch * world]
+    rest = [t for t in pool if t not in first][:rl_per_batch * world * max(0, args.rl_batches_per_rank - 1)]
+    levels = set(ev.levels) & set(cfg.data.kernelbench_levels)
+    eval_all = [t for t in tasks if t["level"] in levels][:ev.num_tasks or None]
+    eval_per_batch = max(1, ev.generation_batch_size // ev.samples_per_task)
+    eval_tasks = sorted(eval_all, key=lambda t: -t["prompt_tokens"])[:eval_per_batch * args.eval_batches_per_rank * world]
+    return first[:rl_per_batch * world] + rest, rl_per_batch, eval_tasks, eval_per_batch, len(eval_all)

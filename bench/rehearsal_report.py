@@ -244,6 +244,41 @@ def project(run: FullRun, rates: Rates, usd_per_gpu_hour: float) -> Projection:
     return Projection(gpus=g, usd_per_gpu_hour=usd_per_gpu_hour, parts=parts)
 
 
+# -- rates measured by the rehearsal ------------------------------------------------------------
+
+def batch_seconds(phase: Optional[dict]) -> tuple[Optional[float], float]:
+    """(seconds of a warm generate batch, extra seconds of each process's first batch)."""
+    if not phase or phase.get("error"):
+        return None, 0.0
+    firsts = [r["batches"][0]["seconds"] for r in phase["ranks"] if r.get("batches")]
+    later = [b["seconds"] for r in phase["ranks"] for b in r.get("batches", [])[1:]]
+    if not firsts:
+        return None, 0.0
+    first = sum(firsts) / len(firsts)
+    if not later:
+        return first, 0.0
+    warm = sum(later) / len(later)
+    return warm, max(0.0, first - warm)
+
+
+def measured_rates(phases: dict[str, dict], world: int) -> Rates:
+    """Per-GPU rates from the gathered phases (``world`` processes, one GPU each)."""
+    ok = {key: p for key, p in phases.items() if not p.get("error")}
+    rates = Rates()
+    if "sft" in ok:
+        rates.sft_tokens_per_s = ok["sft"].get("tokens_per_s_per_gpu")
+        rates.validation_tokens_per_s = ok["sft"]["ranks"][0]["validation_tokens_per_s_per_gpu"]
+    rates.rl_chunk_s, rates.rl_first_chunk_extra_s = batch_seconds(ok.get("rl_sampling"))
+    rates.eval_chunk_s, rates.eval_first_chunk_extra_s = batch_seconds(ok.get("eval_generation"))
+    verification = ok.get("rl_verification")
+    candidates = sum(r.get("candidates", 0) for r in verification["ranks"]) if verification else 0
+    if candidates:
+        rates.verify_gpu_s_per_candidate = verification["seconds"] * world / candidates
+    if "checkpoint_save" in ok:
+        rates.save_s = ok["checkpoint_save"]["seconds"]
+    return rates
+
+
 # -- the table -----------------------------------------------------------------------------------
 
 # Row order of the table: (key, name); a key names a rehearsed phase, a projected part, or both.
