@@ -131,3 +131,44 @@ def test_tiny_rehearsal_runs_every_phase_on_cpu(kernelbench_jsonl, tmp_path):
     for name in ("SFT", "RL sampling", "RL verification", "checkpoint save", "S3 sync", "evaluation generation", "total"):
         assert f"| {name}" in table or f"**{name}" in table
     assert table.strip() in done.stdout
+
+
+def test_configs_fit_their_cards_on_paper(kernelbench_jsonl):
+    """default.yaml's largest batches fit an 80 GB card and a100-40gb.yaml's a 40 GB card, by the
+    rehearsal's arithmetic on the longest prompts each phase can meet; a100-40gb.yaml differs from
+    the default only in batch sizes."""
+    import dataclasses
+
+    from rehearsal_inputs import QWEN25_7B, TOKENIZER_VOCAB, read_fixture_kernels, read_kernelbench
+    from rehearsal_report import CARDS_GIB, estimate_memory_gib
+    from transformers import Qwen2Config
+
+    from extensions.prompts import INSTRUCTIONS, SYSTEM_PROMPT, build_messages
+    from extensions.sampling import render_prompt_ids
+
+    tasks = read_kernelbench(kernelbench_jsonl)
+    texts = [t["code"] for t in tasks] + list(read_fixture_kernels().values()) + [INSTRUCTIONS, SYSTEM_PROMPT]
+    tokenizer = build_code_tokenizer(texts, TOKENIZER_VOCAB)
+    longest_eval = max(map(len, render_prompt_ids(tokenizer, [build_messages(t["code"]) for t in tasks])))
+    chars_per_token = sum(len(t["code"]) for t in tasks) / sum(len(tokenizer(t["code"])["input_ids"]) for t in tasks)
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+
+    default = load_config(PROJECT_ROOT / "configs" / "default.yaml")
+    small = load_config(PROJECT_ROOT / "configs" / "a100-40gb.yaml")
+    for cfg, card in ((default, "80 GB"), (small, "40 GB")):
+        longest_rl = len(render_prompt_ids(tokenizer, [build_messages("")])[0]) + cfg.data.max_prompt_chars / chars_per_token
+        peaks = estimate_memory_gib(shape, cfg, rl_batch=cfg.rl.generation_batch_size, longest_rl_prompt=int(longest_rl),
+                                    eval_batch=cfg.eval.generation_batch_size, longest_eval_prompt=longest_eval)
+        assert max(peaks.values()) < CARDS_GIB[card] - 4, (cfg.source, peaks)  # room for context and fragmentation
+
+    def without_batches(cfg):
+        values = dataclasses.asdict(cfg)
+        for section, key in (("sft", "per_device_batch_size"), ("sft", "gradient_accumulation_steps"),
+                             ("rl", "generation_batch_size"), ("eval", "generation_batch_size"), ("run", "run_id")):
+            values[section].pop(key)
+        values.pop("source")
+        return values
+
+    assert without_batches(small) == without_batches(default)
+    tokens_per_step = [c.sft.per_device_batch_size * c.sft.gradient_accumulation_steps for c in (default, small)]
+    assert tokens_per_step[0] == tokens_per_step[1]  # the same optimisation, in smaller micro-batches
