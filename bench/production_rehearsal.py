@@ -211,7 +211,10 @@ def generate(ctx: Rehearsal, model, tasks: list[dict], n: int, per_batch: int, *
                         "cuda_graph": stats.graph_used, "compiled": stats.compiled})
         for task, per_task in zip(chunk, ids):
             texts[task["task_id"]] = [ctx.tokenizer.decode(x, skip_special_tokens=True) for x in per_task]
-    return texts, {"batches": batches, "tokens": sum(b["new_tokens"] for b in batches)}
+    # Throughput of warm batches: a process's first batch also compiles the decode step.
+    warm = batches[1:] or batches
+    return texts, {"batches": batches, "tokens": sum(b["new_tokens"] for b in warm),
+                   "rate_seconds": sum(b["seconds"] for b in warm)}
 
 
 def rl_sampling_phase(ctx: Rehearsal) -> dict:
