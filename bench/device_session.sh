@@ -7,6 +7,10 @@
 #   bash bench/device_session.sh timing                            # another
 #   bash bench/device_session.sh rollout sft
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
+#   bash bench/device_session.sh rehearsal                         # 7B rehearsal on every GPU (~7 min)
+#
+# rehearsal: USD_PER_GPU_HOUR (default 2.5) prices the projection; REHEARSAL_ARGS adds flags
+# (e.g. "--config configs/a100-40gb.yaml").
 #
 # KernelBench is read from KERNELBENCH (default: ../shared/kernelbench/..., else .carry/kernelbench/...).
 # A bubblewrap binary in .carry/bin is put on PATH when the machine has none.
@@ -76,10 +80,19 @@ run_multi_gpu() {
   find "$root" -maxdepth 4 -name meta.json -path '*final*' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \; >"$OUT/multi_gpu_checkpoints.txt" 2>&1
 }
 
+run_rehearsal() {
+  local gpus launch=("$PY")
+  gpus=$(nvidia-smi -L | wc -l)
+  [ "$gpus" -gt 1 ] && launch=("$PY" -m accelerate.commands.launch --num_processes "$gpus" --mixed_precision no)
+  # shellcheck disable=SC2086  # REHEARSAL_ARGS is a list of flags
+  step rehearsal 540 "${launch[@]}" bench/production_rehearsal.py --kernelbench "$KERNELBENCH" \
+    --usd-per-gpu-hour "${USD_PER_GPU_HOUR:-2.5}" --out "$OUT/rehearsal" --no-progress ${REHEARSAL_ARGS:-}
+}
+
 for name in "$@"; do
   case "$name" in
     env) run_env ;; gpu_tests) run_gpu_tests ;; verifier) run_verifier ;; timing) run_timing ;;
-    rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;;
+    rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done
