@@ -19,8 +19,12 @@ import argparse
 import sys
 
 from extensions.cloud import actions
-from extensions.config import add_config_args, config_from_args
+from extensions.config import add_config_args
+from extensions.entry_point import run_entry_point, start_config
 from extensions.paths import RunPaths
+from extensions.run_lock import lock_run
+
+PROG = "checkpoint_manager"
 
 ACTIONS = ("setup", "sync", "restore", "list", "watch")
 
@@ -38,10 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def manage(argv=None) -> int:
     args = parse_args(argv)
     actions.configure_logging("checkpoint_manager")
-    cfg = config_from_args(args, [f"run.root={args.local_dir}"] if args.local_dir else [])
+    cfg = start_config(args, PROG, [f"run.root={args.local_dir}"] if args.local_dir else [],
+                       announce=args.action != "watch")
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)
     if location is None and args.action != "watch":
@@ -51,10 +56,15 @@ def main(argv=None) -> int:
     if args.action == "sync":
         return actions.sync(cfg, paths, location)
     if args.action == "restore":
+        lock_run(paths)  # restoring replaces checkpoints: never under a running stage
         return actions.restore(cfg, paths, location)
     if args.action == "list":
         return actions.list_checkpoints(cfg, location)
     return actions.watch(cfg, paths, location, exit_with_parent=args.exit_with_parent)
+
+
+def main(argv=None) -> int:
+    return run_entry_point(PROG, manage, argv)
 
 
 if __name__ == "__main__":

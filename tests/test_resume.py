@@ -23,7 +23,7 @@ from extensions.cloud.s3_sync import CheckpointManager
 from extensions.config import load_config
 from extensions.paths import RunPaths
 
-from fake_stages import final_states, stage_env, write_config, write_fake_stages
+from fake_stages import final_states, stage_env, write_config, write_fake_stages, write_finished_run
 from s3_testing import PROJECT_ROOT
 
 
@@ -61,17 +61,7 @@ def test_plan_follows_the_newest_complete_checkpoint(tmp_path):
 def test_finished_run_is_left_alone(tmp_path):
     scripts = write_fake_stages(tmp_path / "scripts")
     config = write_config(tmp_path / "run.yaml", tmp_path / "run")
-    paths = RunPaths(tmp_path / "run")
-    for stage in ("sft", "rl"):
-        directory = paths.final(stage)
-        directory.mkdir(parents=True)
-        ck.write_meta(directory, stage=stage, config="c", base_model="m", data="d")
-        ck.finalize(directory)
-    for path in prepared_files(paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("{}\n")
-    paths.outputs.mkdir()
-    paths.compare_json.write_text("{}\n")
+    paths = write_finished_run(load_config(config))
     result = resume(config, scripts)
     assert result.returncode == 0, result.stderr
     assert "is finished" in result.stdout and "nothing to do" in result.stdout
