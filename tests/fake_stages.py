@@ -19,7 +19,7 @@ from extensions.config import add_config_args, config_from_args
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
 from extensions.run_lock import lock_run
-from extensions.stage_freshness import require_fresh, require_rl_start, stage_inputs
+from extensions.stage_freshness import stage_inputs
 
 def setup(stage_flag=False, compare_flag=False):
     parser = argparse.ArgumentParser()
@@ -30,7 +30,9 @@ def setup(stage_flag=False, compare_flag=False):
     add_config_args(parser)
     args = parser.parse_args()
     cfg = config_from_args(args)
-    return args, cfg, RunPaths.from_config(cfg)
+    paths = RunPaths.from_config(cfg)
+    lock_run(paths)  # as the real stages do: shared with the pipeline or resume that started us
+    return args, cfg, paths
 
 def maybe_fail(stage):
     if os.environ.get("FAKE_FAIL_STAGE") == stage:
