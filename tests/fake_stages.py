@@ -25,6 +25,7 @@ def setup(stage_flag=False, compare_flag=False):
     parser = argparse.ArgumentParser()
     if stage_flag:
         parser.add_argument("--stage", required=True, choices=["sft", "rl", "all"])
+        parser.add_argument("--force", action="store_true")
     if compare_flag:
         parser.add_argument("--compare", action="store_true")
     add_config_args(parser)
@@ -111,6 +112,10 @@ maybe_fail(args.stage)
 save_signal = SaveSignal.for_run(paths)
 save_signal.install_signal_handlers()
 for stage in (["sft", "rl"] if args.stage == "all" else [args.stage]):
+    if args.force:
+        import shutil
+        shutil.rmtree(paths.stage_dir(stage), ignore_errors=True)
+        note(paths, f"{stage} forced")
     if ck.is_complete(paths.final(stage)):
         continue
     note(paths, f"{stage} started")
