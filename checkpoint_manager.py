@@ -23,6 +23,7 @@ from extensions.config import add_config_args
 from extensions.entry_point import run_entry_point, start_config
 from extensions.paths import RunPaths
 from extensions.run_lock import lock_run
+from extensions.stage_freshness import stage_freshness
 
 PROG = "checkpoint_manager"
 
@@ -57,10 +58,21 @@ def manage(argv=None) -> int:
         return actions.sync(cfg, paths, location)
     if args.action == "restore":
         lock_run(paths)  # restoring replaces checkpoints: never under a running stage
-        return actions.restore(cfg, paths, location)
+        code = actions.restore(cfg, paths, location)
+        if code == 0:
+            report_stale_results(paths, cfg)
+        return code
     if args.action == "list":
         return actions.list_checkpoints(cfg, location)
     return actions.watch(cfg, paths, location, exit_with_parent=args.exit_with_parent)
+
+
+def report_stale_results(paths: RunPaths, cfg) -> None:
+    """Say at once when what was restored was made with other settings than this command's."""
+    for stage in ("sft", "rl"):
+        freshness = stage_freshness(paths, cfg, stage)
+        if freshness.stale:
+            print(f"{PROG}: note: {freshness.message()}", file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:

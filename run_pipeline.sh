@@ -88,13 +88,15 @@ if missing:
 EOF
 then exit 1; fi
 
+# Stage status from resume_training.py; it fails (exit 2, with the keys that differ) when a saved
+# training result was made with other settings and --force was not given.
 read_state() {
   local assignments
   assignments="$("$PY" "$HERE/resume_training.py" "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} \
-    ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"} --print-state)"
+    ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"} --print-state)" || return $?
   eval "$assignments"
 }
-read_state
+read_state || exit $?
 if [ -z "$CONFIG" ]; then
   CONFIG="$CONFIG_FILE"
   CFG_ARGS=(--config "$CONFIG" ${SETS[@]+"${SETS[@]}"})
@@ -232,7 +234,7 @@ run_stage() {
     log "stage $name FAILED with exit code $rc after $took"
     exit "$rc"
   fi
-  read_state
+  read_state || { local state_rc=$?; FAILED_STAGE="after stage $name: the run's saved results do not fit this command (see above)"; exit "$state_rc"; }
   if [ "${!done_var}" != 1 ]; then
     FAILED_STAGE="stage $name (exited 0 without its complete output)"
     STAGE_LINES+=("$(printf '%-8s INCOMPLETE after %s' "$name" "$took")")
@@ -251,7 +253,7 @@ if [ -n "$BUCKET" ]; then
     FAILED_STAGE="restore from $S3_URI (does the bucket exist? 'python checkpoint_manager.py --action setup --bucket $BUCKET')"
     exit 4
   fi
-  read_state
+  read_state || { state_rc=$?; FAILED_STAGE="restored results do not fit this command (see above)"; exit "$state_rc"; }
 fi
 start_watch
 

@@ -13,7 +13,7 @@ import sys
 from typing import Callable, Iterable, Optional
 
 from .config import ConfigError, ConfigHelpRequested, announce_config, config_from_args, config_yaml
-from .run_lock import EXIT_LOCKED, RunLockHeld
+from .run_lock import EXIT_LOCKED, RunLockHeld, is_secondary_rank
 from .stage_freshness import StageCheckError
 
 EXIT_USAGE = 2
@@ -25,7 +25,7 @@ def start_config(args, prog: str, extra_overrides: Iterable[str] = (), *, announ
     cfg = config_from_args(args, extra_overrides)
     if getattr(args, "print_config", False):
         raise ConfigHelpRequested(config_yaml(cfg).rstrip("\n"))
-    if announce:
+    if announce and not is_secondary_rank():  # one announcement per data-parallel job
         announce_config(cfg, prog)
     return cfg
 

@@ -113,7 +113,8 @@ def lock_status(path: Path) -> str:
     return f"run lock: held by {holder.describe()}{where}"
 
 
-def _is_secondary_rank() -> bool:
+def is_secondary_rank() -> bool:
+    """A data-parallel process other than rank 0 (accelerate/torchrun set RANK, LOCAL_RANK)."""
     for name in ("RANK", "LOCAL_RANK"):
         value = os.environ.get(name)
         if value is not None and value.strip().isdigit():
@@ -131,7 +132,7 @@ class RunLock:
         self.shared = False
 
     def acquire(self) -> "RunLock":
-        if _is_secondary_rank():
+        if is_secondary_rank():
             self.shared = True
             return self
         inherited = os.environ.get(ENV_TOKEN)

@@ -159,3 +159,27 @@ def test_training_stages_use_the_configured_launcher(tmp_path, monkeypatch):
     monkeypatch.delenv(LAUNCHER_ENV)
     if visible_gpus() <= 1:  # one GPU or none: the plain interpreter
         assert plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, []).commands[1][0] == "python"
+
+
+def test_results_restored_from_s3_are_checked_against_the_resuming_config(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    first = RunPaths(tmp_path / "first")
+    first_config = write_config(tmp_path / "first.yaml", first.root, run_id="shared-run")
+    assert resume(first_config, scripts).returncode == 0
+    cfg = load_config(first_config)
+    assert CheckpointManager(cfg.checkpoint, first, S3Location(s3["bucket"], "runs", "shared-run")).sync_once().ok
+
+    second = RunPaths(tmp_path / "second")
+    other_config = write_config(tmp_path / "second.yaml", second.root, run_id="shared-run", lora="{r: 8}")
+    refused = resume(other_config, scripts, "--bucket", s3["bucket"])
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "sft: the finished result" in refused.stderr and "lora.r: 16 -> 8" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    restored_log = (first.logs / "fake_stages.log").read_text()
+    assert (second.logs / "fake_stages.log").read_text() == restored_log  # restored, and no stage ran
+
+    forced = resume(other_config, scripts, "--bucket", s3["bucket"], "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    log = (second.logs / "fake_stages.log").read_text().splitlines()
+    assert log[-5:] == ["sft forced", "sft started", "rl forced", "rl started", "eval"]
+    assert ck.read_meta(second.final("rl"))["config"]["lora"]["r"] == 8
