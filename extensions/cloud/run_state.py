@@ -106,6 +106,10 @@ def read_run_state(paths: RunPaths, cfg=None, force: bool = False) -> RunState:
             if not force:
                 raise StaleResultError(freshness.message("--force"))
             state.stale[stage] = freshness
+    if "sft" in state.stale:
+        state.newest_sft = None  # retrained from its start
+    if "rl" in state.stale:
+        state.newest_rl = None
     state.sft_done = state.sft_done and "sft" not in state.stale
     state.rl_done = state.rl_done and "rl" not in state.stale and state.sft_done
     state.evaluated = state.evaluated and state.rl_done and _comparison_current(paths, cfg)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from .cli import add_config_args, announce_config, config_from_args, config_yaml
 from .loader import ConfigError, ConfigHelpRequested, build, override, to_dict, yaml_load
+from .machine import DEFAULT_CONFIG, PROJECT_ROOT, SMOKE_CONFIG, default_config
 from .sections import (
     CheckpointConfig,
     CurriculumConfig,
@@ -26,8 +28,6 @@ from .sections import (
     SFTConfig,
     VerifierConfig,
 )
-
-from .machine import DEFAULT_CONFIG, PROJECT_ROOT, SMOKE_CONFIG, default_config
 
 
 @dataclass
@@ -75,11 +75,9 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return cfg
 
 
-from .cli import add_config_args, announce_config, config_from_args, config_yaml  # noqa: E402
-
 __all__ = [
     "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoraConfig",
     "ModelConfig", "PipelineConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
     "ConfigHelpRequested", "add_config_args", "announce_config", "config_from_args", "config_yaml",
-    "load_config", "to_dict", "build", "override", "yaml_load",
+    "load_config", "to_dict", "build", "override", "yaml_load", "DEFAULT_CONFIG", "SMOKE_CONFIG", "default_config",
 ]
