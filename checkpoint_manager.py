@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--local-dir", help="the run's local root (default: run.root)")
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="watch: stop (with a final sync) when the starting process is gone")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser.parse_args(argv)
 
 

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", help="--compare: base model (default: model.name_or_path)")
     parser.add_argument("--sft", help="--compare: SFT checkpoint (default: checkpoints/sft/final)")
     parser.add_argument("--rl", help="--compare: RL checkpoint (default: checkpoints/rl/final)")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser
 
 

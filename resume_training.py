@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--print-state", action="store_true", help="stage status as shell assignments")
     parser.add_argument("--force", action="store_true",
                         help="retrain the stages whose saved results were made with other settings")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser.parse_args(argv)
 
 

@@ -29,7 +29,7 @@ PROG = "train_integrated"
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     parser.add_argument("--stage", choices=["sft", "rl", "all"], default="all")
     parser.add_argument("--force", action="store_true", help="retrain a stage even if its final/ is complete")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (log files, CI)")

@@ -9,6 +9,7 @@ a stale or missing stage result, 73 when another process holds the run (``extens
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, Iterable, Optional
 
@@ -22,7 +23,7 @@ EXIT_INTERRUPTED = 130
 
 def start_config(args, prog: str, extra_overrides: Iterable[str] = (), *, announce: bool = True):
     """The config the flags describe, announced on stderr; ``--print-config`` prints it and ends (exit 0)."""
-    cfg = config_from_args(args, extra_overrides)
+    cfg = config_from_args(args, extra_overrides, machine_default=True)
     if getattr(args, "print_config", False):
         raise ConfigHelpRequested(config_yaml(cfg).rstrip("\n"))
     if announce and not is_secondary_rank():  # one announcement per data-parallel job
@@ -35,7 +36,10 @@ def run_entry_point(prog: str, run: Callable[[Optional[list]], int], argv: Optio
     try:
         return run(argv)
     except ConfigHelpRequested as text:
-        print(text, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # `--print-config | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ConfigError as exc:
         print(f"{prog}: config error: {exc}", file=sys.stderr, flush=True)

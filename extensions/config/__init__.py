@@ -5,7 +5,8 @@
 Scripts add the shared flags with ``add_config_args`` and turn parsed arguments into a config with
 ``config_from_args`` (``extensions.config.cli``): ``--config FILE``, ``--smoke`` (configs/smoke.yaml),
 any number of ``--set section.key=value`` and ``--print-config``. Without ``--config``/``--smoke``
-every entry point takes the config ``extensions.config.machine.default_config`` picks.
+every stage script takes the config ``extensions.config.machine.default_config`` picks (production
+with a CUDA GPU, smoke without); other tools (the verifier CLI) read configs/default.yaml.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The config flags every entry point shares, and how the resolved config is shown.
 
-    --config FILE        a YAML config (default: ``machine.default_config``: production with a GPU)
+    --config FILE        a YAML config (stage scripts: ``machine.default_config``, production with a GPU)
     --smoke              configs/smoke.yaml
     --set SECTION.KEY=V  one override, repeatable; ``--set SECTION.help`` lists a section's keys
     --print-config       print the resolved config as YAML and exit 0
@@ -15,21 +15,31 @@ from typing import Any, Iterable
 from .loader import ConfigError
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
+def add_config_args(parser: argparse.ArgumentParser, *, stage_script: bool = False) -> None:
+    """The shared config flags. ``stage_script``: a pipeline script started through
+    ``extensions.entry_point``, which takes ``machine.default_config`` and handles ``--print-config``."""
     group = parser.add_argument_group("configuration")
-    group.add_argument("--config", default=None,
-                       help="YAML config (default: configs/default.yaml with a CUDA GPU, configs/smoke.yaml without)")
+    default = ("configs/default.yaml with a CUDA GPU, configs/smoke.yaml without" if stage_script
+               else "configs/default.yaml")
+    group.add_argument("--config", default=None, help=f"YAML config (default: {default})")
     group.add_argument("--smoke", action="store_true", help="use configs/smoke.yaml (CPU, small model)")
     group.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set rl.num_rounds=3 (repeatable); --set SECTION.help lists the keys",
     )
-    group.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    if stage_script:
+        group.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
 
 
-def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = ()):
-    """The config the flags describe; raises ConfigError (or ConfigHelpRequested for ``--set X.help``)."""
-    from . import SMOKE_CONFIG, default_config, load_config
+def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = (), *,
+                     machine_default: bool = False):
+    """The config the flags describe; raises ConfigError (or ConfigHelpRequested for ``--set X.help``).
+
+    Without ``--config``/``--smoke``: the config ``machine.default_config`` picks when
+    ``machine_default`` (the pipeline's stage scripts), else configs/default.yaml (tools such as the
+    verifier CLI, whose checks must not depend on the machine they run on).
+    """
+    from . import DEFAULT_CONFIG, SMOKE_CONFIG, default_config, load_config
 
     if args.config and args.smoke:
         raise ConfigError("give --config or --smoke, not both")
@@ -38,9 +48,11 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
         path = SMOKE_CONFIG
     elif args.config:
         path = args.config
-    else:
+    elif machine_default:
         choice = default_config()
         path, reason = choice.path, f"{choice.reason} (--config or --smoke picks another)"
+    else:
+        path = DEFAULT_CONFIG
     cfg = load_config(path, [*getattr(args, "overrides", []), *extra_overrides])
     cfg.source_reason = reason
     return cfg
