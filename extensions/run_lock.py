@@ -136,6 +136,7 @@ class RunLock:
             self.shared = True
             return self
         inherited = os.environ.get(ENV_TOKEN)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(50):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -159,7 +160,6 @@ class RunLock:
                     self._take_over()
                     continue
                 raise RunLockHeld(self._held_message(current))
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             with os.fdopen(fd, "w") as handle:
                 json.dump(asdict(self.holder), handle)
                 handle.flush()
