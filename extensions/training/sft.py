@@ -39,7 +39,7 @@ def skipped_if_finished(stage: str, final_dir, dist, force: bool) -> Optional[St
     """The outcome of a stage whose final/ checkpoint is already complete (None: run it)."""
     if force or not checkpoints.is_complete(final_dir):
         return None
-    msg = f"[{stage}] {final_dir} is complete and was made with this run's settings; skipping the stage (--force retrains)"
+    msg = f"[{stage}] {final_dir} is complete; skipping the stage (use --force to retrain)"
     if dist.is_main:
         print(msg, flush=True)
     return StageOutcome("skipped", str(final_dir), msg)
