@@ -11,8 +11,11 @@ checkpoints/sft/final and checkpoints/rl/final and writes outputs/compare.{json,
     python evaluate.py --model_path checkpoints/rl/final --name rl --export-kernelbench KB_RUN_DIR
     python evaluate.py --compare --smoke
 
-Exit status: 0 all evaluated, 1 the verifier could not run, 2 usage error, 3 something was skipped
-(reported; reports still written). See docs/evaluation.md.
+Without --config or --smoke the config is configs/default.yaml when a CUDA GPU is visible, else
+configs/smoke.yaml. Ctrl-C stops at once; finished generation chunks stay saved and a re-run reuses
+them. Exit status: 0 all evaluated, 1 the verifier could not run, 2 usage or config error, 3
+something was skipped (reported; reports still written), 73 another process is working on this run,
+130 interrupted. See docs/evaluation.md.
 """
 from __future__ import annotations
 
@@ -42,14 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", help="--compare: base model (default: model.name_or_path)")
     parser.add_argument("--sft", help="--compare: SFT checkpoint (default: checkpoints/sft/final)")
     parser.add_argument("--rl", help="--compare: RL checkpoint (default: checkpoints/rl/final)")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser
 
 
-def main(argv=None) -> int:
+def evaluate(argv=None) -> int:
     from extensions.evaluation.commands import run_command
 
     return run_command(build_parser().parse_args(argv))
+
+
+def main(argv=None) -> int:
+    from extensions.entry_point import run_entry_point
+
+    return run_entry_point("evaluate", evaluate, argv,
+                           interrupted_hint="finished generation chunks are saved; a re-run reuses them")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ class CurriculumConfig:
 
 @dataclass
 class RLConfig:
+    # What the first round's policy is: the SFT stage's final adapter (required), or the base model
+    # with a fresh LoRA adapter.
+    init: Literal["sft", "base"] = "sft"
     num_rounds: int = 10
     tasks_per_round: int = 32
     samples_per_task: int = 10  # N of Best-of-N

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..checkpoints import META, atomic_write_json, is_complete
+from ..checkpoints import META, adapter_content_hash, atomic_write_json, is_complete
 from ..paths import RunPaths
 from ..training.activity import rl_activity
 from .compare import compare_reports, write_comparison
@@ -147,7 +147,7 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
     report = build_report(
         name=name, model_path=model_path, tasks_file=tasks_file, generations_file=generations_path,
         generations_header=generations.header, device=resolved, verifier_cfg=cfg.verifier, outcome=outcome,
-        input_issues=[*task_issues, *generations.issues], config_source=cfg.source,
+        input_issues=[*task_issues, *generations.issues], config_source=cfg.source, config=cfg,
     )
     report_path = outputs.eval_report(name)
     atomic_write_json(report_path, report)
@@ -203,7 +203,7 @@ def run_from_generations(args, cfg) -> int:
         name=args.name, model_path=(generations.header or {}).get("model_path"), tasks_file=tasks_file,
         generations_file=Path(args.from_generations), generations_header=generations.header, device=device,
         verifier_cfg=cfg.verifier, outcome=outcome, input_issues=[*task_issues, *generations.issues],
-        config_source=cfg.source,
+        config_source=cfg.source, config=cfg,
     )
     path = outputs.eval_report(args.name)
     atomic_write_json(path, report)
@@ -232,6 +232,26 @@ def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, boo
     ]
 
 
+def comparison_inputs(cfg, paths: RunPaths) -> dict[str, Any]:
+    """What the default comparison of a run depends on (eval settings, tasks, the three models by
+    content); compare.json records it so the pipeline redoes a comparison made of other inputs."""
+    from ..config.fingerprint import stage_fingerprint
+    from ..stage_freshness import file_sha256
+    from .generation_cache import model_identity
+
+    return {
+        "eval": stage_fingerprint(cfg, "eval"),
+        "eval_tasks": file_sha256(paths.eval_tasks),
+        "models": {"base": model_identity(cfg.model.name_or_path, cfg.model),
+                   **{stage: adapter_content_hash(paths.final(stage)) for stage in ("sft", "rl")}},
+    }
+
+
+def _default_comparison(args) -> bool:
+    return not any((args.base, args.sft, args.rl, args.tasks, args.output_dir, args.num_tasks is not None,
+                    args.level is not None, args.samples_per_task is not None))
+
+
 def run_compare(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
@@ -258,6 +278,7 @@ def run_compare(args, cfg) -> int:
                                  skipped_models=skipped)
     # Whether RL really ran (candidates in the sandbox, optimizer steps), next to what it achieved.
     comparison["rl_activity"] = rl_activity(outputs.paths).to_json()
+    comparison["inputs"] = comparison_inputs(cfg, outputs.paths) if _default_comparison(args) else None
     write_comparison(comparison, reports, json_path=outputs.compare_json, md_path=outputs.compare_md,
                      png_path=outputs.compare_png)
     print(f"comparison of {', '.join(reports) or 'no model'}: {outputs.compare_md}")
@@ -266,12 +287,17 @@ def run_compare(args, cfg) -> int:
 
 
 def run_command(args) -> int:
-    """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2."""
-    from ..config import ConfigError, config_from_args
+    """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2.
+
+    Config errors, ``--print-config`` and Ctrl-C are left to the caller (``extensions.entry_point``);
+    the run lock is taken for the run whose outputs/ are written.
+    """
+    from ..entry_point import start_config
+    from ..run_lock import lock_run
 
     try:
         modes = [bool(args.model_path), bool(args.from_generations), bool(args.compare)]
-        if sum(modes) != 1:
+        if sum(modes) != 1 and not getattr(args, "print_config", False):
             raise UsageError("give exactly one of --model_path, --from_generations, --compare")
         if args.samples_per_task is not None and args.samples_per_task < 1:
             raise UsageError("--samples_per_task must be at least 1")
@@ -281,13 +307,15 @@ def run_command(args) -> int:
             raise UsageError("--base/--sft/--rl only apply to --compare")
         if args.compare and args.export_kernelbench:
             raise UsageError("--export-kernelbench applies to --model_path or --from_generations (one model)")
-        cfg = config_from_args(args)
+        cfg = start_config(args, "evaluate")
+        if args.output_dir is None:
+            lock_run(RunPaths.from_config(cfg))
         if args.compare:
             return run_compare(args, cfg)
         if args.from_generations:
             return run_from_generations(args, cfg)
         return run_single_model(args, cfg)
-    except (UsageError, ConfigError, InputError) as exc:
+    except (UsageError, InputError) as exc:
         print(f"error: {exc}")
         return EXIT_USAGE
     except VerificationError as exc:
