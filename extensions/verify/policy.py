@@ -19,13 +19,13 @@ ALLOWED_TORCH_FUNCTIONS = frozenset({
 ALLOWED_TENSOR_METHODS = frozenset({
     # metadata
     "size", "stride", "numel", "dim", "ndimension", "element_size", "data_ptr", "is_contiguous",
-    "storage_offset", "get_device", "item", "tolist", "nelement",
+    "storage_offset", "get_device", "nelement",
     # views and layout
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "unsqueeze", "squeeze",
     "permute", "transpose", "t", "expand", "expand_as", "as_strided", "narrow", "select",
     "unbind", "split", "chunk", "detach", "movedim",
     # copies and fills
-    "contiguous", "clone", "copy_", "to", "cuda", "cpu", "float", "half", "bfloat16", "type_as",
+    "contiguous", "clone", "copy_", "to", "cuda", "float", "half", "bfloat16", "type_as",
     "fill_", "zero_", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor",
     "requires_grad_",
 })
@@ -159,14 +159,228 @@ ALLOWED_TORCH_CUDA_FUNCTIONS = frozenset({
     "is_initialized",
 })
 
-# Modules a candidate may import. "triton" covers every triton submodule; torch only these.
+# --- The kernel-module allow-list (static check): what a candidate may import, name and call ---
+#
+# Anything not listed here is refused, so a name this list forgets is a false reject (fix: add it
+# here, with a test), never a way out of the sandbox. docs/verifier-static.md explains each entry.
+
+# Modules a candidate may import (exactly these; ``from M import name`` is judged by
+# :func:`api_name_allowed` on "M.name").
 ALLOWED_IMPORTS = frozenset({
     "torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.autograd",
-    "triton", "math", "typing", "functools", "dataclasses", "__future__",
+    "triton", "triton.language", "triton.language.math", "triton.language.extra",
+    "triton.language.extra.libdevice", "triton.language.extra.cuda",
+    "triton.language.extra.cuda.libdevice", "triton.language.extra.hip",
+    "triton.language.extra.hip.libdevice",
+    "math", "typing", "functools", "dataclasses", "__future__",
 })
-ALLOWED_IMPORT_PREFIXES = ("triton.",)
+
+# Builtins a candidate may name. Every other builtin is refused wherever it appears.
+ALLOWED_BUILTINS = frozenset({
+    "abs", "all", "any", "bool", "callable", "chr", "classmethod", "complex", "dict", "divmod",
+    "enumerate", "filter", "float", "frozenset", "hasattr", "int", "isinstance", "issubclass",
+    "iter", "len", "list", "map", "max", "min", "next", "object", "ord", "pow", "print",
+    "property", "range", "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod",
+    "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
+    "ArithmeticError", "AssertionError", "AttributeError", "Exception", "ImportError",
+    "IndexError", "KeyError", "ModuleNotFoundError", "NotImplementedError", "OverflowError",
+    "RuntimeError", "StopIteration", "TypeError", "ValueError", "ZeroDivisionError",
+})
+# Builtins that reach modules, frames, files or code: refused in every position (called, passed,
+# aliased, stored, and as a name the candidate binds itself). ``input`` is also a common parameter
+# name, so binding it is allowed; the builtin it shadows is still refused where it is not bound.
+NEVER_BUILTINS = frozenset({
+    "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
+    "vars", "__import__", "breakpoint", "input", "type", "dir", "help", "memoryview", "id",
+    "exit", "quit", "copyright", "credits", "license", "__builtins__", "__build_class__",
+})
+BINDABLE_NEVER_BUILTINS = frozenset({"input", "type", "id", "dir"})
+
+# Dunder names a module definition needs: defining and calling ``__init__``.
+ALLOWED_DUNDERS = frozenset({"__init__"})
+
+# Attribute names that reach frames, code objects or the class graph without a leading underscore.
+FRAME_AND_CLASS_ATTRIBUTES = frozenset({
+    "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "f_trace", "gi_frame", "gi_code",
+    "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next", "co_code", "co_consts",
+    "co_names", "mro", "func_globals", "with_traceback",
+})
+
+# The public kernel-writing API of triton.
+TRITON_API = frozenset({
+    "jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language",
+    "OutOfResources", "CompilationError",
+})
+# Namespaces whose public functions are kernel-writing API ("tl.*", math and libdevice).
+TRITON_FUNCTION_NAMESPACES = frozenset({
+    "triton.language", "triton.language.math", "triton.language.extra.libdevice",
+    "triton.language.extra.cuda.libdevice", "triton.language.extra.hip.libdevice",
+})
+# Namespaces that only lead to one of the above.
+TRITON_PATH_NAMESPACES = {
+    "triton.language.extra": frozenset({"libdevice", "cuda", "hip"}),
+    "triton.language.extra.cuda": frozenset({"libdevice"}),
+    "triton.language.extra.hip": frozenset({"libdevice"}),
+}
+# Submodules inside those namespaces (implementation modules that import the standard library).
+TRITON_LANGUAGE_SUBMODULES = frozenset({
+    "core", "semantic", "standard", "random", "target_info", "extra", "math", "utils", "gdc",
+})
+
+# torch.<name> submodules. Only nn, cuda, backends and autograd may be entered, each only as far
+# as TORCH_NAMESPACE_API says; the others reach the standard library or compute.
+TORCH_SUBMODULES = frozenset("""
+    accelerator amp ao autograd backends builtins classes compiler cpp cpu ctypes cuda distributed
+    distributions export fft func functional functools futures fx glob hub importlib inspect jit
+    library linalg masked math monitor mps mtia multiprocessing nested nn ops optim os overrides
+    package platform profiler quantization quasirandom random return_types serialization signal
+    sparse special storage sys testing textwrap threading torch torch_version types utils version
+    warnings windows xpu
+""".split())
+# Entered torch namespaces: which members a candidate may name. "*" admits every public name that
+# is not a submodule; "Capitalized" admits classes only.
+TORCH_NAMESPACE_API: dict[str, frozenset[str]] = {
+    "torch.nn": frozenset({"functional", "init", "parameter", "Capitalized"}),
+    "torch.nn.functional": frozenset({"*"}),
+    "torch.nn.init": frozenset({"*"}),
+    "torch.nn.parameter": frozenset({"Parameter", "Buffer"}),
+    "torch.autograd": frozenset({"Function"}),
+    "torch.backends": frozenset({"cuda", "cudnn"}),
+    "torch.backends.cuda": frozenset({"matmul"}),
+    "torch.backends.cuda.matmul": frozenset({
+        "allow_tf32", "allow_fp16_reduced_precision_reduction",
+        "allow_bf16_reduced_precision_reduction",
+    }),
+    "torch.backends.cudnn": frozenset({"allow_tf32", "benchmark", "deterministic", "enabled"}),
+}
+# torch.backends settings a module may assign at import (precision switches, not patches).
+ASSIGNABLE_TORCH_SETTINGS = frozenset({
+    "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic",
+})
+
+# The standard-library modules' allowed members ("*": every public name; "Capitalized": classes).
+STDLIB_API: dict[str, frozenset[str]] = {
+    "math": frozenset({"*"}),
+    "typing": frozenset({"Capitalized", "cast", "overload"}),
+    "functools": frozenset({"lru_cache", "cache", "partial", "reduce", "cached_property"}),
+    "dataclasses": frozenset({"dataclass", "field"}),
+    "__future__": frozenset({"annotations"}),
+}
+
+# Decorators a candidate may use (qualified names; bare builtins by name).
+ALLOWED_DECORATORS = frozenset({
+    "triton.jit", "triton.autotune", "triton.heuristics", "staticmethod", "classmethod",
+    "property", "torch.no_grad", "torch.inference_mode", "functools.lru_cache", "functools.cache",
+    "functools.cached_property", "dataclasses.dataclass",
+})
+# Context managers a candidate may enter with ``with``.
+ALLOWED_CONTEXT_MANAGERS = frozenset({
+    "torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.cuda.device",
+    "torch.device",
+})
+# Base classes a candidate's classes may derive from, besides its own classes and torch.nn classes.
+ALLOWED_BASE_CLASSES = frozenset({"object", "torch.nn.Module", "torch.autograd.Function",
+                                  "typing.NamedTuple"})
+
+# Methods of nn.Module that the harness calls (moving, loading, iterating the model): a candidate
+# class may not redefine them, or its code runs outside forward and __init__.
+NN_MODULE_RESERVED_METHODS = frozenset("""
+    add_module apply bfloat16 buffers children compile cpu cuda double eval float get_buffer
+    get_extra_state get_parameter get_submodule half ipu load_state_dict modules mtia
+    named_buffers named_children named_modules named_parameters parameters register_backward_hook
+    register_buffer register_forward_hook register_forward_pre_hook register_full_backward_hook
+    register_full_backward_pre_hook register_load_state_dict_post_hook
+    register_load_state_dict_pre_hook register_module register_parameter
+    register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ set_extra_state
+    set_submodule share_memory state_dict to to_empty train type xpu zero_grad
+    _apply _call_impl _get_backward_hooks _get_backward_pre_hooks _get_name _load_from_state_dict
+    _maybe_warn_non_full_backward_hook _named_members _register_load_state_dict_pre_hook
+    _register_state_dict_hook _replicate_for_data_parallel _save_to_state_dict _slow_forward
+    _wrapped_call_impl
+""".split())
+
+# Tensor methods that hand tensor data to Python (computing on it there is invisible to every
+# operator-level audit): refused in forward.
+HOST_EXTRACTION_METHODS = frozenset({"tolist", "item", "numpy", "cpu"})
 
 
 def import_allowed(module: str) -> bool:
     """Whether ``import module`` (or ``from module import ...``) is on the allow-list."""
-    return module in ALLOWED_IMPORTS or module.startswith(ALLOWED_IMPORT_PREFIXES)
+    return module in ALLOWED_IMPORTS
+
+
+def api_name_allowed(qualified: str) -> bool:
+    """Whether a candidate may name ``qualified`` (e.g. "triton.language.extra.libdevice.erf",
+    "torch.nn.functional.relu"); its root must be an allowed import. Private and dunder parts are
+    judged by the caller."""
+    parts = qualified.split(".")
+    root = parts[0]
+    if root == "torch":
+        return _torch_name_allowed(parts)
+    if root == "triton":
+        return _triton_name_allowed(parts)
+    if root in STDLIB_API:
+        return len(parts) == 1 or (len(parts) == 2 and _member_allowed(STDLIB_API[root], parts[1]))
+    return False
+
+
+def _member_allowed(api: frozenset[str], name: str) -> bool:
+    if name.startswith("_"):
+        return False
+    return name in api or "*" in api or ("Capitalized" in api and name[:1].isupper())
+
+
+def _torch_name_allowed(parts: list[str]) -> bool:
+    if len(parts) == 1:
+        return True
+    head = parts[1]
+    if head.startswith("_"):
+        return False
+    if head == "Tensor":
+        return len(parts) <= 3 and not (len(parts) == 3 and parts[2].startswith("_"))
+    if head == "cuda":
+        return len(parts) == 2 or (len(parts) == 3 and parts[2] in ALLOWED_TORCH_CUDA_FUNCTIONS)
+    if head in TORCH_SUBMODULES and f"torch.{head}" not in TORCH_NAMESPACE_API:
+        return False
+    if head not in TORCH_SUBMODULES:
+        return len(parts) == 2  # a function, class or dtype; never an attribute of one
+    namespace = f"torch.{head}"
+    for depth in range(2, len(parts)):
+        api = TORCH_NAMESPACE_API.get(namespace)
+        if api is None or not _member_allowed(api, parts[depth]):
+            return False
+        if parts[depth][:1].isupper() and depth < len(parts) - 1:
+            return False  # nn.Linear.forward, nn.Module.__call__: not through a class
+        namespace = f"{namespace}.{parts[depth]}"
+    return True
+
+
+def _triton_name_allowed(parts: list[str]) -> bool:
+    if len(parts) == 1:
+        return True
+    if parts[1] not in TRITON_API:
+        return False
+    if parts[1] != "language":
+        return len(parts) == 2
+    namespace = "triton.language"
+    for depth in range(2, len(parts)):
+        name = parts[depth]
+        if name.startswith("_"):
+            return False
+        if namespace in TRITON_PATH_NAMESPACES:
+            if name not in TRITON_PATH_NAMESPACES[namespace]:
+                return False
+        elif namespace in TRITON_FUNCTION_NAMESPACES:
+            nested = f"{namespace}.{name}"
+            if name in TRITON_LANGUAGE_SUBMODULES and nested not in TRITON_PATH_NAMESPACES \
+                    and nested not in TRITON_FUNCTION_NAMESPACES:
+                return False
+            if nested not in TRITON_PATH_NAMESPACES and nested not in TRITON_FUNCTION_NAMESPACES:
+                return depth == len(parts) - 1  # a function or dtype: nothing behind it
+        else:
+            return False
+        namespace = f"{namespace}.{name}"
+    return True

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 
+from .allowlist import AllowList
 from .findings import FLAG_DESCRIPTIONS, Findings, StaticReport
 from .forward_path import ForwardPath
 from .module_index import ModuleIndex
@@ -48,6 +49,7 @@ def static_check(code: str, allow_library_gemm: bool = False) -> StaticReport:
         findings.flag("no_triton_kernel", 1, "no @triton.jit kernel defined")
     forward = ForwardPath(index, findings, allow_library_gemm)
     ModuleRules(index, findings, forward, allow_library_gemm).run()
+    AllowList(index, findings).run()
     if modelnew is not None:
         forward.check(modelnew)
     return findings.report(list(index.kernels))

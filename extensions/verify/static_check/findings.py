@@ -32,6 +32,17 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "forbidden_import": "imports a module outside the allow-list (torch, torch.nn, "
                         "torch.nn.functional, torch.nn.init, torch.autograd, triton.*, math, "
                         "typing, functools, dataclasses)",
+    "forbidden_builtin": "a builtin outside the allow-list (getattr, eval, open, type, vars, ...: "
+                         "never, in any position), or a name the module does not define",
+    "private_access": "a private or dunder name or attribute (only __init__ and the module's own "
+                      "_names), frame/code/class-graph attributes, str.format field access",
+    "forbidden_api": "an attribute chain outside the public kernel-writing API of torch/triton, a "
+                     "context manager, base class or assignment outside the allow-list",
+    "hidden_code": "code that runs without being called by name: decorators outside the "
+                   "allow-list, calls in default arguments or class bodies, class keywords",
+    "unsafe_grid": "a launch grid that is not a tuple or a function returning tuples",
+    "host_extraction": "tensor data handed to Python in the forward path (.tolist(), .item(), "
+                       ".numpy(), .cpu())",
 }
 
 _FLAG_ORDER = {flag: i for i, flag in enumerate(FLAG_DESCRIPTIONS)}

@@ -11,6 +11,7 @@ from .ast_helpers import (
     is_self, is_super_call, local, params, self_attr_source, self_param, source,
 )
 from .findings import Findings
+from .held_functions import HeldFunctions
 from .module_index import ModuleIndex
 from .vocabulary import FORWARD_ENTRY_METHODS, LOCAL_MARK, torch_call_verdict
 
@@ -36,8 +37,6 @@ class ForwardPath:
         self.allow_library_gemm = allow_library_gemm
         self._facts_cache: dict[str, Facts] = {}
 
-
-
     def _forward_roots(self, modelnew: str) -> list[str]:
         roots = [key for key in (self.index.find_method(modelnew, m) for m in FORWARD_ENTRY_METHODS) if key]
         for node in self.index.nodes:
@@ -55,6 +54,11 @@ class ForwardPath:
                             and self.index.local_name(target.value) == modelnew:
                         roots += self.callable_keys(node.value, None)
         return roots
+
+    def remember(self, key: str, node: ast.AST, owner: Optional[str]) -> None:
+        """Facts of a nested def under ``key`` (it has no module-level name to look up). Its first
+        parameter is not an instance, so it is scanned without an owner."""
+        self._facts_cache.setdefault(key, self.scan([node], None, params(node)))
 
     def callable_keys(self, node: ast.AST, owner: Optional[str]) -> list[str]:
         if isinstance(node, ast.Lambda):
@@ -81,6 +85,8 @@ class ForwardPath:
             facts = self.facts(key)
             launched = launched or bool(facts.launches)
             indirect = indirect or bool(facts.indirect_launches)
+        for key in self.reachable(roots + HeldFunctions(self.index, self).keys()):
+            facts = self.facts(key)
             for flag, line, message in facts.compute:
                 self.findings.flag(flag, line, message)
             for line, message in facts.library:
@@ -349,6 +355,9 @@ class ForwardPath:
         receiver = func.value
         if is_self(receiver, self_name):
             return
+        if name in policy.HOST_EXTRACTION_METHODS:
+            facts.compute.append(("host_extraction", line,
+                                   f"{label}() hands tensor data to Python in forward path"))
         if name == "numpy":
             facts.compute.append(("numpy_compute", line, f"{label}() in forward path"))
         elif name in policy.TENSOR_LIBRARY_GEMM_METHODS:

@@ -178,6 +178,10 @@ class ModuleRules:
                 if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                     base = sub.value
                     modules = {q for q in self.index.resolve(base) if not q.startswith(LOCAL_MARK)}
+                    if node in self.index.tree.body and isinstance(sub.ctx, ast.Store) \
+                            and self.index.resolve(sub) <= policy.ASSIGNABLE_TORCH_SETTINGS \
+                            and self.index.resolve(sub):
+                        continue  # a precision switch at import, not a patch
                     if modules or (isinstance(base, ast.Name) and base.id == "Model"):
                         self.findings.flag("monkeypatch", sub, f"assigns {source(sub)}")
                     elif sub.attr in FORWARD_ENTRY_METHODS and self.index.local_name(base) in self.index.classes:
