@@ -239,7 +239,8 @@ class AllowList:
     def _check_call(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Subscript):
-            self._check_grid(func.slice, node)
+            if self._is_kernel(func.value, node):
+                self._check_grid(func.slice, node)
         elif isinstance(func, ast.Name) and func.id == "hasattr" \
                 and not self.scopes.is_bound("hasattr", func):
             name = node.args[1] if len(node.args) >= 2 else None
@@ -252,6 +253,15 @@ class AllowList:
             if func.attr == "format_map" or (isinstance(text, str) and _FORMAT_FIELD_ACCESS.search(text)):
                 self.findings.flag("private_access", node,
                                    "str.format reading attributes or items of its arguments")
+
+    def _is_kernel(self, node: ast.expr, launch: ast.AST) -> bool:
+        """``kernel`` or ``self.kernel`` naming one of the module's kernels."""
+        names = set(self.index.resolve(node))
+        owner = self.index.enclosing_class(launch)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and owner:
+            for value in self.index.self_attr_values(owner, node.attr):
+                names |= self.index.resolve(value)
+        return any(q.startswith(LOCAL_MARK) and q[len(LOCAL_MARK):] in self.index.kernels for q in names)
 
     def _check_grid(self, grid: ast.expr, launch: ast.Call) -> None:
         problem = self._grid_problem(grid, launch, depth=0)
