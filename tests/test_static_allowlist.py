@@ -255,7 +255,8 @@ def test_public_kernel_api_is_allowed(name):
     "torch._C", "torch.ops.aten.relu", "torch.library", "torch.overrides", "torch.os.environ",
     "torch.utils.cpp_extension", "torch.cuda.Stream", "torch.nn.modules.module",
     "triton.runtime.driver", "triton.knobs", "triton.language.core", "triton.language.extra.pkgutil",
-    "triton.language.math.core", "triton.language.load.fn", "functools.wraps", "os.environ",
+    "triton.language.math.core", "triton.language.math.wraps", "triton.language.load.fn",
+    "functools.wraps", "os.environ",
 ])
 def test_internal_modules_are_not_api(name):
     assert not policy.api_name_allowed(name)
@@ -266,3 +267,17 @@ def test_allowed_imports_are_exact_modules():
     assert not policy.import_allowed("triton.runtime")
     assert not policy.import_allowed("triton.runtime.driver")
     assert not policy.import_allowed("torch.utils")
+
+
+def test_triton_api_lists_name_no_module_of_the_installed_triton():
+    """The listed tl/libdevice names are functions and dtypes here, never a module that could
+    lead to the standard library."""
+    import types
+
+    tl = pytest.importorskip("triton.language")
+    from triton.language.extra.cuda import libdevice
+
+    for namespace, names in ((tl, policy.TRITON_LANGUAGE_API), (tl.math, policy.TRITON_MATH_API),
+                             (libdevice, policy.TRITON_MATH_API)):
+        for name in names:
+            assert not isinstance(getattr(namespace, name, None), types.ModuleType), name
