@@ -183,6 +183,9 @@ class ModelNew(nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.scale, std=0.02)
+        fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        nn.init.uniform_(self.scale, -bound, bound)
 
     def _init_linear(self, module):
         if isinstance(module, nn.Linear):

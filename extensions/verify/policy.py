@@ -347,6 +347,13 @@ NN_MODULE_RESERVED_METHODS = frozenset("""
 HOST_EXTRACTION_METHODS = frozenset({"tolist", "item", "numpy", "cpu"})
 
 
+# Private helpers that parameter-init code mirroring nn.Linear/nn.Conv uses; they only compute
+# fan-in/fan-out from a shape.
+ALLOWED_PRIVATE_API = frozenset({
+    "torch.nn.init._calculate_fan_in_and_fan_out", "torch.nn.init._calculate_correct_fan",
+})
+
+
 def import_allowed(module: str) -> bool:
     """Whether ``import module`` (or ``from module import ...``) is on the allow-list."""
     return module in ALLOWED_IMPORTS
@@ -356,6 +363,8 @@ def api_name_allowed(qualified: str) -> bool:
     """Whether a candidate may name ``qualified`` (e.g. "triton.language.extra.libdevice.erf",
     "torch.nn.functional.relu"); its root must be an allowed import. Private and dunder parts are
     judged by the caller."""
+    if qualified in ALLOWED_PRIVATE_API:
+        return True
     parts = qualified.split(".")
     root = parts[0]
     if root == "torch":

@@ -91,7 +91,7 @@ class AllowList:
                 owner = "a builtin" if self._is_builtin_name(node.value) else _short(node.value)
                 self.findings.flag("private_access", node,
                                    f"attribute '{attr}' of {owner} is not allowed")
-        elif attr.startswith("_"):
+        elif attr.startswith("_") and not (self.index.resolve(node) & policy.ALLOWED_PRIVATE_API):
             base_is_library = any(not q.startswith(LOCAL_MARK) for q in self.index.resolve(node.value))
             if base_is_library or attr not in self.own_private_attributes:
                 self.findings.flag("private_access", node,
