@@ -115,6 +115,28 @@ ESCAPES = {
     "method_stored_in_dict": (module("return self.table['a'](y)", init="self.table = {'a': self.helper}",
                                      extra_class_body="    def helper(self, t):\n"
                                                       "        return t.exp()\n"), "torch_compute"),
+    "type_rebound_at_module_level": (module("return y", prelude="type = type\nG = type('G', (), {})\n"),
+                                     "forbidden_builtin"),
+    "match_class_pattern": (module("match copy_kernel:\n            case object(fn=f):\n"
+                                   "                return y\n        return y"), "forbidden_api"),
+    "for_target_patches_module": (module("return y", prelude="for triton.jit in [lambda f: f]:\n    pass\n"),
+                                  "forbidden_api"),
+    "kernel_cache_read": (module("c = copy_kernel.cache\n        return y"), "forbidden_api"),
+    "setup_context_computes": (module("return Fn.apply(y)", prelude="""
+class Fn(torch.autograd.Function):
+    @staticmethod
+    def forward(t):
+        return t
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        output.copy_(inputs[0].clamp(min=0))
+"""), "torch_compute"),
+    "protocol_method_never_named": (module("return y", prelude="""
+class FakeCompiled:
+    def run(self, *args):
+        return torch.relu(args[0])
+"""), "torch_compute"),
     "host_extraction": (module("v = [max(a, 0.0) for a in y.tolist()]\n        return y"), "host_extraction"),
     "item_in_forward": (module("s = y.sum().item()\n        return y"), "host_extraction"),
     "grid_object": (module("return y", prelude="class G:\n    def __init__(self, n):\n        self.n = n\n"
@@ -180,6 +202,7 @@ class ModelNew(nn.Module):
         init_weight(self.weight)
         self.reset_parameters()
         self.apply(self._init_linear)
+        self.apply(lambda m: nn.init.zeros_(m.bias) if isinstance(m, nn.Linear) else None)
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.scale, std=0.02)

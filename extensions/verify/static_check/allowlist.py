@@ -32,6 +32,8 @@ _KERNEL_OBJECT_ATTRIBUTES = frozenset({
     "fn", "src", "run", "warmup", "cache", "device_caches", "launch_metadata", "kernel", "params",
     "arg_names", "configs", "do_bench", "pre_hook", "post_hook", "hash", "binder",
 })
+# What a launch site may use of a kernel object besides kernel[grid](...).
+_KERNEL_PUBLIC_ATTRIBUTES = frozenset({"run", "warmup", "best_config"})
 # str.format fields that read attributes or items: "{0.__class__}", "{x[key]}".
 _FORMAT_FIELD_ACCESS = re.compile(r"\{[^{}!:]*[.\[]")
 _PROPERTY_DECORATOR_ATTRIBUTES = frozenset({"setter", "getter", "deleter"})
@@ -62,8 +64,12 @@ class AllowList:
                 self._check_with(node)
             elif isinstance(node, ast.Call):
                 self._check_call(node)
+            elif isinstance(node, getattr(ast, "Match", ())):
+                self.findings.flag("forbidden_api", node,
+                                   "match statement (class patterns read attributes by name)")
         for name, binder in self.scopes.bindings:
-            if name in policy.NEVER_BUILTINS and name not in policy.BINDABLE_NEVER_BUILTINS:
+            parameter = isinstance(binder, ast.arg) and name in policy.BINDABLE_NEVER_BUILTINS
+            if name in policy.NEVER_BUILTINS and not parameter:
                 self.findings.flag("forbidden_builtin", binder,
                                    f"binding the name '{name}' is not allowed")
 
@@ -100,6 +106,9 @@ class AllowList:
             self.findings.flag("private_access", node, f"attribute '{attr}' is not allowed")
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             self._check_attribute_store(node)
+        elif attr not in _KERNEL_PUBLIC_ATTRIBUTES and self._is_kernel(node.value, node):
+            self.findings.flag("forbidden_api", node,
+                               f"attribute '{attr}' of kernel {_short(node.value)} (only launches)")
         parent = self.index.parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.value is node:
             return  # the longest chain is judged
@@ -113,12 +122,23 @@ class AllowList:
     def _check_attribute_store(self, node: ast.Attribute) -> None:
         """Objects the module owns may get attributes; its module-level definitions (kernels,
         functions, classes) and a kernel's code or launch path may not."""
-        defined = [q for q in self.index.resolve(node.value) if q.startswith(LOCAL_MARK)]
+        resolved = self.index.resolve(node.value)
+        defined = [q for q in resolved if q.startswith(LOCAL_MARK)]
+        imported = [q for q in resolved if not q.startswith(LOCAL_MARK)]
+        module_level = self._statement_of(node) in self.index.tree.body
+        if imported and not (module_level and self.index.resolve(node) <= policy.ASSIGNABLE_TORCH_SETTINGS):
+            self.findings.flag("forbidden_api", node, f"assigning {node.attr} of {imported[0]}")
         if defined:
             self.findings.flag("forbidden_api", node,
                                f"assigning {node.attr} of module-level {_short(node.value)}")
         elif node.attr in _KERNEL_OBJECT_ATTRIBUTES and not isinstance(node.value, ast.Name):
             self.findings.flag("forbidden_api", node, f"assigning '{node.attr}' of {_short(node.value)}")
+
+    def _statement_of(self, node: ast.AST) -> ast.AST:
+        current = node
+        while not isinstance(current, ast.stmt) and current in self.index.parents:
+            current = self.index.parents[current]
+        return current
 
     def _is_constructor_call(self, node: ast.Attribute) -> bool:
         """``super().__init__``, ``super(C, self).__init__``, ``Base.__init__`` (module class or

@@ -8,8 +8,11 @@ lambda of the module is held to the forward rules (allocate, view, copy, launch)
 * kernels (their bodies have rules of their own),
 * ``__init__``, and functions whose every use is a call from ``__init__``, from module level or
   from another such function (the way a module mirrors the reference's parameter init),
-* ``backward``/``setup_context`` of an autograd Function (never run by the verifier),
-* functions nothing refers to (nothing can call them without a name).
+* ``backward`` of an autograd Function (never run by the verifier),
+* unused copies of the problem's ``get_inputs``/``get_init_inputs``.
+
+Functions nothing refers to are held too: a library may call a method by its protocol name
+(``run``, ``forward``) without the module naming it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from .module_index import ModuleIndex
 from .vocabulary import LOCAL_MARK
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_AUTOGRAD_ONLY_METHODS = frozenset({"backward", "setup_context", "jvp", "vjp"})
+_HARNESS_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs"})
+# Run only when gradients are computed (setup_context runs inside apply, so it is held).
+_AUTOGRAD_ONLY_METHODS = frozenset({"backward", "jvp", "vjp"})
 
 
 class HeldFunctions:
@@ -33,12 +38,12 @@ class HeldFunctions:
     def keys(self) -> list[str]:
         keys: list[str] = []
         for node, key, owner in self._definitions:
-            if node in self._setup_only or not self._references(node):
-                if not (isinstance(node, _FUNCTIONS) and node.name == "forward"):
-                    continue
+            if node in self._setup_only or self._is_unused_harness_copy(node):
+                continue
             keys.append(key if key else self._nested_key(node, owner))
         for node in self.index.nodes:
-            if isinstance(node, ast.Lambda) and not self._inside_kernel(node):
+            if isinstance(node, ast.Lambda) and not self._inside_kernel(node) \
+                    and not self._is_setup_use(node, self._setup_only):
                 keys += self.forward.callable_keys(node, self.index.enclosing_class(node))
         return keys
 
@@ -62,6 +67,12 @@ class HeldFunctions:
             if isinstance(node, _FUNCTIONS) and isinstance(self._enclosing_function(node), _FUNCTIONS):
                 found.append((node, None, None))
         return found
+
+    def _is_unused_harness_copy(self, node: ast.AST) -> bool:
+        """``get_inputs``/``get_init_inputs`` copied from the problem: the verifier takes them
+        from the problem, never from the candidate, so an unused copy never runs."""
+        return node in self.index.tree.body and node.name in _HARNESS_FUNCTIONS \
+            and not self._references(node)
 
     def _is_autograd_function(self, node: ast.ClassDef) -> bool:
         return any(q == "torch.autograd.Function" for base in node.bases
