@@ -72,6 +72,8 @@ class AllowList:
             if name in policy.NEVER_BUILTINS and not parameter:
                 self.findings.flag("forbidden_builtin", binder,
                                    f"binding the name '{name}' is not allowed")
+            elif name.startswith("__") and isinstance(binder, (ast.Import, ast.ImportFrom, ast.ExceptHandler)):
+                self.findings.flag("private_access", binder, f"binding the name '{name}' is not allowed")
 
     # -- names --
 

@@ -85,15 +85,18 @@ class ForwardPath:
             facts = self.facts(key)
             launched = launched or bool(facts.launches)
             indirect = indirect or bool(facts.indirect_launches)
+        # Functions forward does not visibly call are held to the same rules (held_functions.py).
+        forward_keys = set(reached)
         for key in self.reachable(roots + HeldFunctions(self.index, self).keys()):
             facts = self.facts(key)
+            where = "in forward path" if key in forward_keys else "in code held to the forward rules"
             for flag, line, message in facts.compute:
-                self.findings.flag(flag, line, message)
+                self.findings.flag(flag, line, message.replace("in forward path", where))
             for line, message in facts.library:
                 if self.allow_library_gemm:
                     self.findings.allow(line, message)
                 else:
-                    self.findings.flag("library_gemm", line, f"{message} in forward path")
+                    self.findings.flag("library_gemm", line, f"{message} {where}")
         if indirect and not launched:
             launched = self._kernel_passed_as_value()
         if self.index.kernels and not launched and roots:
