@@ -72,7 +72,7 @@ ESCAPES = {
                         "private_access"),
     "dunder_method_defined": (module("return y", extra_class_body="    def __getattr__(self, n):\n"
                                                                   "        return n\n"), "private_access"),
-    "import_as_dunder": (module("return y", prelude="import math as __builtins__\n"), "private_access"),
+    "import_as_dunder": (module("return y", prelude="import math as __loader__\n"), "private_access"),
     "module_getattr": (module("return y", prelude="def __getattr__(name):\n    return torch.relu\n"),
                        "private_access"),
     # attribute chains outside the public API
