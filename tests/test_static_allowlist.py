@@ -168,6 +168,7 @@ def test_refusals_name_the_construct_and_line():
 
 
 HONEST = HEADER + '''
+import itertools
 from typing import Optional, Tuple
 from triton.language.extra import libdevice
 
@@ -176,8 +177,8 @@ torch.backends.cudnn.allow_tf32 = True
 _DEFAULT_BLOCK = 1024
 
 
-@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=4),
-                          triton.Config({"BLOCK": 512}, num_warps=8)], key=["n"])
+@triton.autotune(configs=[triton.Config({"BLOCK": block}, num_warps=warps)
+                          for block, warps in itertools.product([256, 512], [4, 8])], key=["n"])
 @triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
 @triton.jit
 def gelu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
@@ -234,6 +235,9 @@ class ModelNew(nn.Module):
         gelu_kernel[grid](x, out, n)
         copy_kernel[self._grid(n, self.block)](x, out, n, BLOCK=self.block)
         copy_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]), 1, 1)](x, out, n, BLOCK=256)
+        rows = (n,) if n < 4096 else (triton.cdiv(n, 2), 2)
+        copy_kernel[rows](x, out, n, BLOCK=256)
+        copy_kernel[tuple([triton.cdiv(n, 256)])](x, out, n, BLOCK=256)
         return out
 
     @torch.no_grad()

@@ -172,7 +172,7 @@ ALLOWED_IMPORTS = frozenset({
     "triton.language.extra.libdevice", "triton.language.extra.cuda",
     "triton.language.extra.cuda.libdevice", "triton.language.extra.hip",
     "triton.language.extra.hip.libdevice",
-    "math", "typing", "functools", "dataclasses", "__future__",
+    "math", "itertools", "typing", "functools", "dataclasses", "__future__",
 })
 
 # Builtins a candidate may name. Every other builtin is refused wherever it appears.
@@ -304,6 +304,8 @@ ASSIGNABLE_TORCH_SETTINGS = frozenset({
 # The standard-library modules' allowed members ("*": every public name; "Capitalized": classes).
 STDLIB_API: dict[str, frozenset[str]] = {
     "math": frozenset({"*"}),
+    "itertools": frozenset({"product", "chain", "accumulate", "combinations", "permutations",
+                            "repeat", "count", "islice", "starmap", "zip_longest"}),
     "typing": frozenset({"Capitalized", "cast", "overload"}),
     "functools": frozenset({"lru_cache", "cache", "partial", "reduce", "cached_property"}),
     "dataclasses": frozenset({"dataclass", "field"}),

@@ -294,6 +294,12 @@ class AllowList:
         """None for a tuple, or a lambda/function returning tuples; otherwise why not."""
         if isinstance(grid, (ast.Tuple, ast.List)):
             return None
+        if isinstance(grid, ast.IfExp):
+            return self._grid_problem(grid.body, launch, depth + 1) \
+                or self._grid_problem(grid.orelse, launch, depth + 1)
+        if isinstance(grid, ast.Call) and isinstance(grid.func, ast.Name) \
+                and grid.func.id in ("tuple", "list") and not self.scopes.is_bound(grid.func.id, grid.func):
+            return None  # tuple(sizes): what it iterates is judged where it was built
         if isinstance(grid, ast.Lambda):
             return None if _returns_tuples([grid.body]) else "a lambda that does not return a tuple"
         if isinstance(grid, ast.Attribute) or depth > 3:

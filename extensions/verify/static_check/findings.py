@@ -30,8 +30,9 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "kernel_escape": "a @triton.jit body uses Python objects (torch, mutable module globals, "
                      "non-jit helpers) that only the CPU interpreter would run",
     "forbidden_import": "imports a module outside the allow-list (torch, torch.nn, "
-                        "torch.nn.functional, torch.nn.init, torch.autograd, triton.*, math, "
-                        "typing, functools, dataclasses)",
+                        "torch.nn.functional, torch.nn.init, torch.autograd, triton, "
+                        "triton.language and its math/libdevice modules, math, itertools, typing, "
+                        "functools, dataclasses)",
     "forbidden_builtin": "a builtin outside the allow-list (getattr, eval, open, type, vars, ...: "
                          "never, in any position), or a name the module does not define",
     "private_access": "a private or dunder name or attribute (only __init__ and the module's own "
