@@ -286,6 +286,7 @@ def test_public_kernel_api_is_allowed(name):
     "torch._C", "torch.ops.aten.relu", "torch.library", "torch.overrides", "torch.os.environ",
     "torch.utils.cpp_extension", "torch.cuda.Stream", "torch.nn.modules.module",
     "triton.runtime.driver", "triton.knobs", "triton.language.core", "triton.language.extra.pkgutil",
+    "torch.compile", "torch.initial_seed", "torch.default_generator", "torch.get_rng_state",
     "triton.language.math.core", "triton.language.math.wraps", "triton.language.load.fn",
     "functools.wraps", "os.environ",
 ])

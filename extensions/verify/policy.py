@@ -277,6 +277,15 @@ TORCH_SUBMODULES = frozenset("""
     sparse special storage sys testing textwrap threading torch torch_version types utils version
     warnings windows xpu
 """.split())
+# torch.<name> functions and objects that are no kernel-writing API: they compile or load code,
+# read or replace the random state the inputs came from, or change process-wide defaults.
+TORCH_REFUSED_NAMES = frozenset({
+    "compile", "load", "save", "from_file", "initial_seed", "seed", "get_rng_state",
+    "set_rng_state", "default_generator", "set_default_device", "set_default_dtype",
+    "set_default_tensor_type", "use_deterministic_algorithms", "set_num_threads",
+    "set_num_interop_threads", "set_flush_denormal", "set_warn_always", "set_printoptions",
+    "set_grad_enabled", "cond", "vmap", "while_loop",
+})
 # Entered torch namespaces: which members a candidate may name. "*" admits every public name that
 # is not a submodule; "Capitalized" admits classes only.
 TORCH_NAMESPACE_API: dict[str, frozenset[str]] = {
@@ -395,6 +404,8 @@ def _torch_name_allowed(parts: list[str]) -> bool:
     if head == "cuda":
         return len(parts) == 2 or (len(parts) == 3 and parts[2] in ALLOWED_TORCH_CUDA_FUNCTIONS)
     if head in TORCH_SUBMODULES and f"torch.{head}" not in TORCH_NAMESPACE_API:
+        return False
+    if head in TORCH_REFUSED_NAMES:
         return False
     if head not in TORCH_SUBMODULES:
         return len(parts) == 2  # a function, class or dtype; never an attribute of one
