@@ -16,6 +16,14 @@ import candidate_catalog as catalog
 SOLUTIONS = catalog.load_folder("kernelbench", require_expectation=False)
 SOLUTION_NAMES = [solution.name for solution in SOLUTIONS]
 
+# Correct solutions the verifier is known to reject at run time in the CPU interpreter: each a
+# strict xfail there, so the entry must go as soon as the false reject is fixed.
+KNOWN_CPU_FALSE_REJECTS: dict[str, str] = {
+    "l1_021_sigmoid_autotune.py": "multi-config @triton.autotune needs a driver to benchmark with; "
+                                  "the CPU interpreter has none",
+    "l1_026_gelu_libdevice.py": "libdevice functions are stubs that return None in the interpreter",
+}
+
 
 @pytest.fixture(scope="module")
 def verifier_config():
@@ -51,8 +59,12 @@ def test_solution_header_names_its_problem(name, kernelbench_jsonl):
 
 
 @pytest.mark.parametrize("name", SOLUTION_NAMES)
-def test_solution_passes_full_funnel(name, solution_results, verifier_config, verify_device):
+def test_solution_passes_full_funnel(name, solution_results, verifier_config, verify_device, request):
     from extensions.verify.reward import is_cheating
+
+    if verify_device == "cpu" and name in KNOWN_CPU_FALSE_REJECTS:
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason=f"known false reject: {KNOWN_CPU_FALSE_REJECTS[name]}"))
 
     result = solution_results[name]
     assert result.correct, f"{name}: rejected at stage {result.stage}: {result.error} flags={result.flags}"

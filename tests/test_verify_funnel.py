@@ -128,7 +128,7 @@ CASES = {
     "duplicate_response": (AFFINE_PROBLEM, RESPONSE),
     "syntax_error": (AFFINE_PROBLEM, CORRECT.replace("def forward(self, x):", "def forward(self, x)")),
     "no_code": (AFFINE_PROBLEM, "I cannot write this kernel."),
-    "import_error": (AFFINE_PROBLEM, affine_candidate(extra_import="from triton.language import no_such_builtin_xyz")),
+    "import_error": (AFFINE_PROBLEM, affine_candidate(extra_import="from math import no_such_builtin_xyz")),
     "wrong_shape": (AFFINE_PROBLEM, affine_candidate(ret="y[:, :-1]")),
     "wrong_values": (AFFINE_PROBLEM, affine_candidate(store="x * alpha")),
     "near_zero": (TINY_SCALE_PROBLEM, affine_candidate(store="x * 0.0")),

@@ -19,13 +19,13 @@ ALLOWED_TORCH_FUNCTIONS = frozenset({
 ALLOWED_TENSOR_METHODS = frozenset({
     # metadata
     "size", "stride", "numel", "dim", "ndimension", "element_size", "data_ptr", "is_contiguous",
-    "storage_offset", "get_device", "item", "tolist", "nelement",
+    "storage_offset", "get_device", "nelement",
     # views and layout
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "unsqueeze", "squeeze",
     "permute", "transpose", "t", "expand", "expand_as", "as_strided", "narrow", "select",
     "unbind", "split", "chunk", "detach", "movedim",
     # copies and fills
-    "contiguous", "clone", "copy_", "to", "cuda", "cpu", "float", "half", "bfloat16", "type_as",
+    "contiguous", "clone", "copy_", "to", "cuda", "float", "half", "bfloat16", "type_as",
     "fill_", "zero_", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor",
     "requires_grad_",
 })
@@ -159,14 +159,284 @@ ALLOWED_TORCH_CUDA_FUNCTIONS = frozenset({
     "is_initialized",
 })
 
-# Modules a candidate may import. "triton" covers every triton submodule; torch only these.
+# --- The kernel-module allow-list (static check): what a candidate may import, name and call ---
+#
+# Anything not listed here is refused, so a name this list forgets is a false reject (fix: add it
+# here, with a test), never a way out of the sandbox. docs/verifier-static.md explains each entry.
+
+# Modules a candidate may import (exactly these; ``from M import name`` is judged by
+# :func:`api_name_allowed` on "M.name").
 ALLOWED_IMPORTS = frozenset({
     "torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.autograd",
-    "triton", "math", "typing", "functools", "dataclasses", "__future__",
+    "triton", "triton.language", "triton.language.math", "triton.language.extra",
+    "triton.language.extra.libdevice", "triton.language.extra.cuda",
+    "triton.language.extra.cuda.libdevice", "triton.language.extra.hip",
+    "triton.language.extra.hip.libdevice",
+    "math", "itertools", "typing", "functools", "dataclasses", "__future__",
 })
-ALLOWED_IMPORT_PREFIXES = ("triton.",)
+
+# Builtins a candidate may name. Every other builtin is refused wherever it appears.
+ALLOWED_BUILTINS = frozenset({
+    "abs", "all", "any", "bool", "callable", "chr", "classmethod", "complex", "dict", "divmod",
+    "enumerate", "filter", "float", "frozenset", "hasattr", "int", "isinstance", "issubclass",
+    "iter", "len", "list", "map", "max", "min", "next", "object", "ord", "pow", "print",
+    "property", "range", "repr", "reversed", "round", "set", "slice", "sorted", "staticmethod",
+    "str", "sum", "super", "tuple", "zip", "NotImplemented", "Ellipsis",
+    "ArithmeticError", "AssertionError", "AttributeError", "Exception", "ImportError",
+    "IndexError", "KeyError", "ModuleNotFoundError", "NotImplementedError", "OverflowError",
+    "RuntimeError", "StopIteration", "TypeError", "ValueError", "ZeroDivisionError",
+})
+# Builtins that reach modules, frames, files or code: refused in every position (called, passed,
+# aliased, stored, and as a name the candidate binds itself). ``input`` is also a common parameter
+# name, so binding it is allowed; the builtin it shadows is still refused where it is not bound.
+NEVER_BUILTINS = frozenset({
+    "getattr", "setattr", "delattr", "eval", "exec", "compile", "open", "globals", "locals",
+    "vars", "__import__", "breakpoint", "input", "type", "dir", "help", "memoryview", "id",
+    "exit", "quit", "copyright", "credits", "license", "__builtins__", "__build_class__",
+})
+BINDABLE_NEVER_BUILTINS = frozenset({"input", "type", "id", "dir"})
+
+# Dunder names a module definition needs: defining and calling ``__init__``.
+ALLOWED_DUNDERS = frozenset({"__init__"})
+
+# Attribute names that reach frames, code objects or the class graph without a leading underscore.
+FRAME_AND_CLASS_ATTRIBUTES = frozenset({
+    "f_back", "f_globals", "f_locals", "f_code", "f_builtins", "f_trace", "gi_frame", "gi_code",
+    "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next", "co_code", "co_consts",
+    "co_names", "mro", "func_globals", "with_traceback",
+})
+
+# The public kernel-writing API of triton.
+TRITON_API = frozenset({
+    "jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language",
+    "OutOfResources", "CompilationError",
+})
+# triton.language (tl.*) names: functions, dtypes and types of the kernel language (triton 3.x).
+TRITON_LANGUAGE_API = frozenset("""
+    PropagateNan TRITON_MAX_TENSOR_NUMEL abs add aggregate_replace arange argmax argmin
+    associative_scan assume atomic_add atomic_and atomic_cas atomic_load atomic_max atomic_min
+    atomic_or atomic_poll atomic_store atomic_xchg atomic_xor bfloat16 bitonic_merge block_type
+    broadcast broadcast_to cast cat cdiv ceil clamp condition const constexpr constexpr_type cos
+    cumprod cumsum debug_barrier device_assert device_print div_rn dot dot_scaled dtype erf exp
+    exp2 expand_dims expect_zero fdiv flip float16 float32 float64 float8e4b15 float8e4b8
+    float8e4nv float8e5 float8e5b16 floor fma full gather histogram inline_asm_elementwise int1
+    int16 int32 int64 int8 interleave join load load_tensor_descriptor log log2 make_block_ptr
+    make_tensor_descriptor map_elementwise max max_constancy max_contiguous maximum min minimum
+    mul multiple_of num_programs pair_uniform_to_normal permute philox philox_impl pi32_t
+    pointer_type program_id rand rand4x randint randint4x randn randn4x range ravel reduce
+    reduce_or reshape rsqrt sigmoid sin slice softmax sort split sqrt sqrt_rn squeeze
+    static_assert static_print static_range store store_tensor_descriptor str_to_ty sub sum
+    swizzle2d tensor tensor_descriptor tensor_descriptor_type to_tensor topk trans tuple
+    tuple_type uint16 uint32 uint64 uint8 uint_to_uniform_float umulhi unsqueeze view void where
+    xor_sum zeros zeros_like
+""".split())
+# Functions of tl.math, tl.extra.libdevice and tl.extra.cuda.libdevice (the namespaces also hold
+# the modules and helpers they were built with, e.g. functools.wraps: those are not listed).
+TRITON_MATH_API = frozenset("""
+    abs acos acosh add_rd add_rn add_ru add_rz asin asinh atan atan2 atanh brev byte_perm cbrt
+    ceil clz copysign cos cosh cospi cyl_bessel_i0 cyl_bessel_i1 div_rd div_rn div_ru div_rz
+    double2float_rd double2float_rn double2float_ru double2float_rz double2hiint double2int_rd
+    double2int_rn double2int_ru double2int_rz double2ll_rd double2ll_rn double2ll_ru double2ll_rz
+    double2loint double2uint_rd double2uint_rn double2uint_ru double2uint_rz double2ull_rd
+    double2ull_rn double2ull_ru double2ull_rz double_as_longlong erf erfc erfcinv erfcx erfinv exp
+    exp10 exp2 expm1 fast_cosf fast_dividef fast_exp10f fast_expf fast_log10f fast_log2f fast_logf
+    fast_powf fast_sinf fast_tanf fast_tanhf fdim fdiv ffs finitef float2int_rd float2int_rn
+    float2int_ru float2int_rz float2ll_rd float2ll_rn float2ll_ru float2ll_rz float2uint_rd
+    float2uint_rn float2uint_ru float2uint_rz float2ull_rd float2ull_rn float2ull_ru float2ull_rz
+    float_as_int float_as_uint floor fma fma_rd fma_rn fma_ru fma_rz fmod hadd hiloint2double
+    hypot ilogb int2double_rn int2float_rd int2float_rn int2float_ru int2float_rz int_as_float
+    isfinited isinf isnan j0 j1 jn ldexp lgamma ll2double_rd ll2double_rn ll2double_ru
+    ll2double_rz ll2float_rd ll2float_rn ll2float_ru ll2float_rz llrint llround log log10 log1p
+    log2 logb longlong_as_double mul24 mul_rd mul_rn mul_ru mul_rz mulhi nearbyint nextafter
+    norm3d norm4d normcdf normcdfinv popc pow rcbrt rcp64h rcp_rd rcp_rn rcp_ru rcp_rz remainder
+    rhadd rhypot rint rnorm3d rnorm4d round rsqrt rsqrt_rn sad saturatef scalbn signbit sin sinh
+    sinpi sqrt sqrt_rd sqrt_rn sqrt_ru sqrt_rz sub_rd sub_rn sub_ru sub_rz tan tanh tgamma trunc
+    uint2double_rn uint2float_rd uint2float_rn uint2float_ru uint2float_rz uint_as_float
+    ull2double_rd ull2double_rn ull2double_ru ull2double_rz ull2float_rd ull2float_rn ull2float_ru
+    ull2float_rz umulhi y0 y1 yn
+""".split())
+TRITON_MATH_NAMESPACES = frozenset({
+    "triton.language.math", "triton.language.extra.libdevice",
+    "triton.language.extra.cuda.libdevice", "triton.language.extra.hip.libdevice",
+})
+# Namespaces that only lead to one of the above.
+TRITON_PATH_NAMESPACES = {
+    "triton.language": frozenset({"math", "extra"}),
+    "triton.language.extra": frozenset({"libdevice", "cuda", "hip"}),
+    "triton.language.extra.cuda": frozenset({"libdevice"}),
+    "triton.language.extra.hip": frozenset({"libdevice"}),
+}
+
+# torch.<name> submodules. Only nn, cuda, backends and autograd may be entered, each only as far
+# as TORCH_NAMESPACE_API says; the others reach the standard library or compute.
+TORCH_SUBMODULES = frozenset("""
+    accelerator amp ao autograd backends builtins classes compiler cpp cpu ctypes cuda distributed
+    distributions export fft func functional functools futures fx glob hub importlib inspect jit
+    library linalg masked math monitor mps mtia multiprocessing nested nn ops optim os overrides
+    package platform profiler quantization quasirandom random return_types serialization signal
+    sparse special storage sys testing textwrap threading torch torch_version types utils version
+    warnings windows xpu
+""".split())
+# torch.<name> functions and objects that are no kernel-writing API: they compile or load code,
+# read or replace the random state the inputs came from, or change process-wide defaults.
+TORCH_REFUSED_NAMES = frozenset({
+    "compile", "load", "save", "from_file", "initial_seed", "seed", "get_rng_state",
+    "set_rng_state", "default_generator", "set_default_device", "set_default_dtype",
+    "set_default_tensor_type", "use_deterministic_algorithms", "set_num_threads",
+    "set_num_interop_threads", "set_flush_denormal", "set_warn_always", "set_printoptions",
+    "set_grad_enabled", "cond", "vmap", "while_loop",
+})
+# Entered torch namespaces: which members a candidate may name. "*" admits every public name that
+# is not a submodule; "Capitalized" admits classes only.
+TORCH_NAMESPACE_API: dict[str, frozenset[str]] = {
+    "torch.nn": frozenset({"functional", "init", "parameter", "Capitalized"}),
+    "torch.nn.functional": frozenset({"*"}),
+    "torch.nn.init": frozenset({"*"}),
+    "torch.nn.parameter": frozenset({"Parameter", "Buffer"}),
+    "torch.autograd": frozenset({"Function"}),
+    "torch.backends": frozenset({"cuda", "cudnn"}),
+    "torch.backends.cuda": frozenset({"matmul"}),
+    "torch.backends.cuda.matmul": frozenset({
+        "allow_tf32", "allow_fp16_reduced_precision_reduction",
+        "allow_bf16_reduced_precision_reduction",
+    }),
+    "torch.backends.cudnn": frozenset({"allow_tf32", "benchmark", "deterministic", "enabled"}),
+}
+# torch.backends settings a module may assign at import (precision switches, not patches).
+ASSIGNABLE_TORCH_SETTINGS = frozenset({
+    "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    "torch.backends.cudnn.benchmark", "torch.backends.cudnn.deterministic",
+})
+
+# The standard-library modules' allowed members ("*": every public name; "Capitalized": classes).
+STDLIB_API: dict[str, frozenset[str]] = {
+    "math": frozenset({"*"}),
+    "itertools": frozenset({"product", "chain", "accumulate", "combinations", "permutations",
+                            "repeat", "count", "islice", "starmap", "zip_longest"}),
+    "typing": frozenset({"Capitalized", "cast", "overload"}),
+    "functools": frozenset({"lru_cache", "cache", "partial", "reduce", "cached_property"}),
+    "dataclasses": frozenset({"dataclass", "field"}),
+    "__future__": frozenset({"annotations"}),
+}
+
+# Decorators a candidate may use (qualified names; bare builtins by name).
+ALLOWED_DECORATORS = frozenset({
+    "triton.jit", "triton.autotune", "triton.heuristics", "staticmethod", "classmethod",
+    "property", "torch.no_grad", "torch.inference_mode", "functools.lru_cache", "functools.cache",
+    "functools.cached_property", "dataclasses.dataclass",
+})
+# Context managers a candidate may enter with ``with``.
+ALLOWED_CONTEXT_MANAGERS = frozenset({
+    "torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.cuda.device",
+    "torch.device",
+})
+# Base classes a candidate's classes may derive from, besides its own classes and torch.nn classes.
+ALLOWED_BASE_CLASSES = frozenset({"object", "torch.nn.Module", "torch.autograd.Function",
+                                  "typing.NamedTuple"})
+
+# Methods of nn.Module that the harness calls (moving, loading, iterating the model): a candidate
+# class may not redefine them, or its code runs outside forward and __init__.
+NN_MODULE_RESERVED_METHODS = frozenset("""
+    add_module apply bfloat16 buffers children compile cpu cuda double eval float get_buffer
+    get_extra_state get_parameter get_submodule half ipu load_state_dict modules mtia
+    named_buffers named_children named_modules named_parameters parameters register_backward_hook
+    register_buffer register_forward_hook register_forward_pre_hook register_full_backward_hook
+    register_full_backward_pre_hook register_load_state_dict_post_hook
+    register_load_state_dict_pre_hook register_module register_parameter
+    register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ set_extra_state
+    set_submodule share_memory state_dict to to_empty train type xpu zero_grad
+    _apply _call_impl _get_backward_hooks _get_backward_pre_hooks _get_name _load_from_state_dict
+    _maybe_warn_non_full_backward_hook _named_members _register_load_state_dict_pre_hook
+    _register_state_dict_hook _replicate_for_data_parallel _save_to_state_dict _slow_forward
+    _wrapped_call_impl
+""".split())
+
+# Tensor methods that hand tensor data to Python (computing on it there is invisible to every
+# operator-level audit): refused in forward.
+HOST_EXTRACTION_METHODS = frozenset({"tolist", "item", "numpy", "cpu"})
+
+
+# Private helpers that parameter-init code mirroring nn.Linear/nn.Conv uses; they only compute
+# fan-in/fan-out from a shape.
+ALLOWED_PRIVATE_API = frozenset({
+    "torch.nn.init._calculate_fan_in_and_fan_out", "torch.nn.init._calculate_correct_fan",
+})
 
 
 def import_allowed(module: str) -> bool:
     """Whether ``import module`` (or ``from module import ...``) is on the allow-list."""
-    return module in ALLOWED_IMPORTS or module.startswith(ALLOWED_IMPORT_PREFIXES)
+    return module in ALLOWED_IMPORTS
+
+
+def api_name_allowed(qualified: str) -> bool:
+    """Whether a candidate may name ``qualified`` (e.g. "triton.language.extra.libdevice.erf",
+    "torch.nn.functional.relu"); its root must be an allowed import. Private and dunder parts are
+    judged by the caller."""
+    if qualified in ALLOWED_PRIVATE_API:
+        return True
+    parts = qualified.split(".")
+    root = parts[0]
+    if root == "torch":
+        return _torch_name_allowed(parts)
+    if root == "triton":
+        return _triton_name_allowed(parts)
+    if root in STDLIB_API:
+        return len(parts) == 1 or (len(parts) == 2 and _member_allowed(STDLIB_API[root], parts[1]))
+    return False
+
+
+def _member_allowed(api: frozenset[str], name: str) -> bool:
+    if name.startswith("_"):
+        return False
+    return name in api or "*" in api or ("Capitalized" in api and name[:1].isupper())
+
+
+def _torch_name_allowed(parts: list[str]) -> bool:
+    if len(parts) == 1:
+        return True
+    head = parts[1]
+    if head.startswith("_"):
+        return False
+    if head == "Tensor":
+        return len(parts) <= 3 and not (len(parts) == 3 and parts[2].startswith("_"))
+    if head == "cuda":
+        return len(parts) == 2 or (len(parts) == 3 and parts[2] in ALLOWED_TORCH_CUDA_FUNCTIONS)
+    if head in TORCH_SUBMODULES and f"torch.{head}" not in TORCH_NAMESPACE_API:
+        return False
+    if head in TORCH_REFUSED_NAMES:
+        return False
+    if head not in TORCH_SUBMODULES:
+        return len(parts) == 2  # a function, class or dtype; never an attribute of one
+    namespace = f"torch.{head}"
+    for depth in range(2, len(parts)):
+        api = TORCH_NAMESPACE_API.get(namespace)
+        if api is None or not _member_allowed(api, parts[depth]):
+            return False
+        if parts[depth][:1].isupper() and depth < len(parts) - 1:
+            return False  # nn.Linear.forward, nn.Module.__call__: not through a class
+        namespace = f"{namespace}.{parts[depth]}"
+    return True
+
+
+def _triton_name_allowed(parts: list[str]) -> bool:
+    if len(parts) == 1:
+        return True
+    if parts[1] not in TRITON_API:
+        return False
+    if parts[1] != "language":
+        return len(parts) == 2
+    namespace = "triton.language"
+    for depth in range(2, len(parts)):
+        name = parts[depth]
+        last = depth == len(parts) - 1
+        if name in TRITON_PATH_NAMESPACES.get(namespace, ()):
+            namespace = f"{namespace}.{name}"
+            continue
+        if namespace == "triton.language":
+            return last and name in TRITON_LANGUAGE_API
+        if namespace in TRITON_MATH_NAMESPACES:
+            return last and name in TRITON_MATH_API
+        return False
+    return True
