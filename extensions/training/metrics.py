@@ -44,6 +44,14 @@ class MetricsLogger:
                     self._writer.add_scalar(f"{kind}/{name}", value, step)
             self._writer.flush()
 
+    def log_histogram(self, tag: str, values, step: int) -> None:
+        """A distribution (e.g. a round's advantages) as a TensorBoard histogram."""
+        if self.enabled and self._writer is not None and len(values):
+            import numpy as np
+
+            self._writer.add_histogram(tag, np.asarray(values, dtype=np.float64), step)
+            self._writer.flush()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
