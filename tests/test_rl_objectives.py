@@ -232,3 +232,21 @@ def test_one_batch_matches_the_formulas(lora_model, algorithm, overrides):
     assert stats["tokens"] == sum(len(c) for c in completions)
     if algorithm == "reinforce":
         assert stats["clipped_sum"] > 0 and stats["ref_kl_sum"] > 0
+
+
+def test_sampler_log_probs_are_the_training_forward_at_the_same_temperature(lora_model):
+    """No second forward for the old policy: the decoder's log-probs (tempered full distribution,
+    before top-p) are what the update's forward computes, so the first ratio is 1."""
+    from extensions.sampling import SamplingParams, sample_token_ids
+    from extensions.training.objectives.policy_update import token_logprobs
+
+    prompts = [[3, 4, 8, 2], [5, 6]]
+    params = SamplingParams(max_new_tokens=6, temperature=0.7, top_p=0.9, seed=3, batch_size=4, cuda_graphs=False)
+    sampled = sample_token_ids(lora_model, prompts, 2, params, pad_token_id=0, eos_token_ids=[1], progress=False,
+                               with_logprobs=True)
+    sequences = [TrainSequence(prompt, seq.token_ids, seq.logprobs, 1.0) for prompt, row in zip(prompts, sampled) for seq in row]
+    assert all(len(s.completion_ids) == len(s.old_logprobs) > 0 for s in sequences)
+    batch = collate_sequences(sequences, pad_token_id=0)
+    with torch.no_grad():
+        new, _ = token_logprobs(lora_model, batch, 0.7)
+    torch.testing.assert_close(new[batch["mask"]], batch["old_logprobs"][batch["mask"]], rtol=0, atol=1e-4)
