@@ -149,5 +149,8 @@ def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params:
         model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress, with_logprobs=True,
     )
-    return prompt_ids, [[(tokenizer.decode(seq.token_ids, skip_special_tokens=True), seq) for seq in per_prompt]
-                        for per_prompt in sequences]
+    def text(seq: SampledSequence) -> str:
+        ids = seq.token_ids[:-1] if seq.stopped else seq.token_ids
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return prompt_ids, [[(text(seq), seq) for seq in per_prompt] for per_prompt in sequences]

@@ -250,3 +250,24 @@ def test_sampler_log_probs_are_the_training_forward_at_the_same_temperature(lora
     with torch.no_grad():
         new, _ = token_logprobs(lora_model, batch, 0.7)
     torch.testing.assert_close(new[batch["mask"]], batch["old_logprobs"][batch["mask"]], rtol=0, atol=1e-4)
+
+
+def test_unusable_settings_are_refused_by_name():
+    with pytest.raises(ValueError, match="rl.temperature must be > 0 for grpo"):
+        make_objective(_config(algorithm="grpo", temperature=0.0))
+    with pytest.raises(ValueError, match="rl.ppo_epochs"):
+        make_objective(_config(algorithm="rloo", ppo_epochs=0))
+    with pytest.raises(ValueError, match="rl.clip_eps_low"):
+        make_objective(_config(algorithm="grpo", clip_eps_low=1.5))
+    assert make_objective(_config(temperature=0.0)).name == "best_of_n"  # greedy Best-of-N is allowed
+
+
+def test_unknown_algorithm_or_preset_stops_the_config_loader(project_root):
+    from extensions.config import load_config
+
+    with pytest.raises(Exception, match="rl.algorithm"):
+        load_config(project_root / "configs" / "smoke.yaml", ["rl.algorithm=ppo"])
+    with pytest.raises(Exception, match="rl.reward_preset"):
+        load_config(project_root / "configs" / "smoke.yaml", ["rl.reward_preset=vibes"])
+    cfg = load_config(project_root / "configs" / "default.yaml")
+    assert (cfg.rl.algorithm, cfg.rl.reward_preset, cfg.rl.beta) == ("best_of_n", "verifier", 0.0)

@@ -11,7 +11,27 @@ from .base import Objective, RoundRollouts, UpdateContext
 ALGORITHMS = ("best_of_n", "grpo", "rloo", "reinforce", "reward_weighted")
 
 
+def check_rl_settings(rl) -> None:
+    """Refuse settings an objective cannot train with, naming the key."""
+    problems = []
+    if rl.algorithm != "best_of_n" and rl.temperature <= 0:
+        problems.append(f"rl.temperature must be > 0 for {rl.algorithm} (greedy samples carry no policy gradient)")
+    if rl.ppo_epochs < 1:
+        problems.append(f"rl.ppo_epochs must be >= 1, got {rl.ppo_epochs}")
+    if not 0 <= rl.clip_eps_low < 1:
+        problems.append(f"rl.clip_eps_low must be in [0, 1), got {rl.clip_eps_low}")
+    if rl.clip_eps_high < 0:
+        problems.append(f"rl.clip_eps_high must be >= 0, got {rl.clip_eps_high}")
+    if rl.beta < 0:
+        problems.append(f"rl.beta must be >= 0, got {rl.beta}")
+    if rl.reward_preset == "weights" and rl.reward_weights.speedup_saturation <= 0:
+        problems.append("rl.reward_weights.speedup_saturation must be > 0")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def make_objective(cfg) -> Objective:
+    check_rl_settings(cfg.rl)
     algorithm = cfg.rl.algorithm
     if algorithm == "best_of_n":
         from .best_of_n import BestOfN

@@ -2,9 +2,8 @@
 and its statistics out. The round loop (``extensions.training.rl``) is the same for all of them."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from ..rollouts import Candidate
 
@@ -67,7 +66,3 @@ def group_statistics(candidates: Sequence[Candidate]) -> dict[str, Any]:
     flat = sum(1 for g in groups.values() if zero_spread([c.reward for c in g]))
     return {"groups": len(groups), "zero_spread_groups": flat,
             "zero_spread_share": flat / len(groups) if groups else 0.0}
-
-
-def mean_or_none(values: Sequence[float]) -> Optional[float]:
-    return statistics.fmean(values) if values else None
