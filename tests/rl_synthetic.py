@@ -17,7 +17,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
-VOWEL_TARGET = 16
+VOWEL_TARGET = 8
 # LoRA on the output projection too: with small random embeddings, the tiny model can only move
 # its output distribution through lm_head.
 LEARNING_LORA = "lora.target_modules=[q_proj,v_proj,o_proj,down_proj,lm_head]"
