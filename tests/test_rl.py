@@ -198,3 +198,19 @@ def test_real_verifier_judges_a_correct_triton_candidate():
     results = verify_fn([(tiny_task_code(0), f"```python\n{good}\n```", "good"), (tiny_task_code(0), bad, "bad")])
     assert results[0].correct and results[0].reward >= 0.5
     assert not results[1].correct and results[1].reward == 0.0
+
+
+def test_log_sampled_at_another_temperature_is_set_aside(tmp_path, model_dir):
+    from extensions.interrupt import SaveSignal
+
+    cfg, paths = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1"])
+    signal = SaveSignal.for_run(paths)
+    signal.request("test", stop=True)
+    assert rl_module.run_rl(cfg, save_signal=signal, progress=False, verify_fn=fake_verify).status == "stopped"
+    first = _log_records(paths, 1)
+    assert first[0]["sampling"]["temperature"] == cfg.rl.temperature
+    hotter, _ = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1", "rl.temperature=1.3"])
+    assert rl_module.run_rl(hotter, progress=False, verify_fn=fake_verify).status == "finished"
+    stale = paths.rl_candidates_log(1).with_name(paths.rl_candidates_log(1).name + ".stale-1")
+    assert stale.read_text().splitlines()[0] == json.dumps(first[0])  # the old log, kept aside whole
+    assert _log_records(paths, 1)[0]["sampling"]["temperature"] == 1.3

@@ -3,9 +3,10 @@ it is known, so an interrupted round resumes without sampling or verifying anyth
 
 Records, one JSON object per line:
 
-- ``{"type": "round", "round", "task_ids", "policy"}``: first line; which tasks the round samples
-  and a fingerprint of the adapter it samples from. A log whose header disagrees with the round
-  being run belongs to another policy and is set aside (renamed ``*.stale-N``), never reused.
+- ``{"type": "round", "round", "task_ids", "policy", "samples_per_task", "sampling"}``: first line;
+  which tasks the round samples, a fingerprint of the adapter it samples from and the sampling
+  settings (temperature, top_p, max_new_tokens) its log-probs hold for. A log whose header
+  disagrees with the round being run is set aside (renamed ``*.stale-N``), never reused.
 - ``{"type": "sample", "task_id", "sample_index", "text", "sha1", "token_ids", "logprobs"}``: the
   decoded text, and the exact sampled token ids with their log-probabilities under the sampling
   policy (floats survive JSON exactly), so a resumed round trains on the very same rollouts

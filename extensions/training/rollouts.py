@@ -105,13 +105,17 @@ def task_prompt_ids(tokenizer, tasks: Sequence[dict]) -> dict[str, list[int]]:
 
 def _open_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], policy: str) -> CandidateLog:
     candidate_log = CandidateLog(ctx.paths.rl_candidates_log(round_index))
+    rl = ctx.cfg.rl
+    # The logged log-probs hold only for the same sampling distribution.
+    sampling = {"temperature": rl.temperature, "top_p": rl.top_p, "max_new_tokens": rl.max_new_tokens}
     header = {"type": "round", "round": round_index, "task_ids": [t["task_id"] for t in tasks], "policy": policy,
-              "samples_per_task": ctx.cfg.rl.samples_per_task}
+              "samples_per_task": rl.samples_per_task, "sampling": sampling}
     if ctx.dist.is_main:
         existing = candidate_log.read()
-        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task")):
+        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task", "sampling")):
             stale = candidate_log.set_aside()
-            print(f"[rl] round {round_index}: candidate log belongs to another policy or task list; moved to {stale}", flush=True)
+            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list or sampling setting; "
+                  f"moved to {stale}", flush=True)
             existing = candidate_log.read()
         if existing.header is None:
             candidate_log.append([header])
@@ -157,9 +161,10 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
         for task, task_rollouts in zip(chunk, rollouts):
             for i, (text, sequence) in enumerate(task_rollouts):
                 key = (task["task_id"], i)
+                if samples.get(key) != text:  # a verdict judges one text only
+                    verdicts.pop(key, None)
                 samples[key] = text
                 sequences[key] = (sequence.token_ids, [float(x) for x in sequence.logprobs])
-                verdicts.pop(key, None)
                 stats["sampled_tokens"] += len(sequence.token_ids)
                 records.append(sample_record(task["task_id"], i, text, sequence.token_ids, sequence.logprobs))
         candidate_log.append(records)
