@@ -44,6 +44,22 @@ def test_policy_learns_a_synthetic_reward(tmp_path, model_dir, algorithm, overri
         assert 20 <= sum(steps) <= 50, steps
     start, end = rewards[0], sum(rewards[-3:]) / 3
     assert end >= start + 0.2, f"{algorithm}: mean reward per round {rewards}"
+    _assert_round_metrics(cfg, policy_gradient=algorithm != "best_of_n")
+
+
+def _assert_round_metrics(cfg, *, policy_gradient: bool) -> None:
+    paths = RunPaths.from_config(cfg)
+    rows = [json.loads(line) for line in paths.metrics_log("rl").read_text().splitlines()]
+    last = [row for row in rows if row["kind"] == "round"][-1]
+    assert last["reward_min"] <= last["reward_mean"] <= last["reward_max"]
+    assert set(last["reward_mean_by_level"]) == set(last["correct_rate_by_level"]) == {"1"}
+    assert 0.0 <= last["zero_spread_share"] <= 1.0 and last["groups"] == cfg.rl.tasks_per_round
+    assert last["rollout_tokens"] > 0 and last["rollout_tokens_per_s"] > 0 and last["train_tokens_per_s"] > 0
+    assert set(last["seconds"]) >= {"sampling_s", "verifying_s", "training_s", "checkpoint_s", "round_s"}
+    if policy_gradient:
+        assert sum(last["advantage_histogram"]["counts"]) == cfg.rl.tasks_per_round * cfg.rl.samples_per_task
+        assert 0.0 <= last["clip_fraction"] <= 1.0 and last["approx_kl"] >= 0.0 and last["entropy"] > 0.0
+        assert any(path.name.startswith("events") for path in paths.tensorboard("rl").iterdir())
 
 
 # -- exact resume after SIGKILL ---------------------------------------------------------------------------
