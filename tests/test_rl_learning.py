@@ -139,3 +139,25 @@ def test_sigkill_mid_round_resumes_to_the_uninterrupted_adapter(tmp_path, model_
     meta = json.loads((killed.rl_round(2) / "meta.json").read_text())
     assert meta["algorithm"] == "grpo" and meta["optimizer_state"] == "optimizer.pt"
     assert (killed.rl_round(2) / "optimizer.pt").is_file()
+
+
+def test_two_process_data_parallel_round(tmp_path, model_dir):
+    """Two CPU ranks (gloo on loopback): each samples half the tasks, both train on all rollouts,
+    and every optimizer step holds both ranks' shares."""
+    from s3_testing import free_port
+
+    root = tmp_path / "ddp"
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), *_runner(root, model_dir, ["rl.algorithm=rloo", "rl.num_rounds=1"])[1:]]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env={**os.environ, "ACCELERATE_USE_CPU": "true"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    paths = RunPaths(root)
+    rows = [json.loads(line) for line in paths.metrics_log("rl").read_text().splitlines()]
+    steps = [row for row in rows if row["kind"] == "step"]
+    (round_row,) = [row for row in rows if row["kind"] == "round"]
+    assert round_row["candidates"] == 32 and round_row["train_steps"] == len(steps) >= 1
+    assert sum(step["sequences"] for step in steps) == round_row["trained_samples"]
+    assert all(step["sequences"] > 8 for step in steps)  # 8 per rank and step: both ranks trained
+    assert json.loads((paths.rl_round(1) / "meta.json").read_text())["world_size"] == 2
+    header = json.loads(paths.rl_candidates_log(1).read_text().splitlines()[0])
+    assert len(header["task_ids"]) == 4
