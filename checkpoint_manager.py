@@ -19,8 +19,13 @@ import argparse
 import sys
 
 from extensions.cloud import actions
-from extensions.config import add_config_args, config_from_args
+from extensions.config import add_config_args
+from extensions.entry_point import run_entry_point, start_config
 from extensions.paths import RunPaths
+from extensions.run_lock import lock_run
+from extensions.stage_freshness import stage_freshness
+
+PROG = "checkpoint_manager"
 
 ACTIONS = ("setup", "sync", "restore", "list", "watch")
 
@@ -34,14 +39,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--local-dir", help="the run's local root (default: run.root)")
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="watch: stop (with a final sync) when the starting process is gone")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def manage(argv=None) -> int:
     args = parse_args(argv)
     actions.configure_logging("checkpoint_manager")
-    cfg = config_from_args(args, [f"run.root={args.local_dir}"] if args.local_dir else [])
+    cfg = start_config(args, PROG, [f"run.root={args.local_dir}"] if args.local_dir else [],
+                       announce=args.action != "watch")
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)
     if location is None and args.action != "watch":
@@ -51,10 +57,26 @@ def main(argv=None) -> int:
     if args.action == "sync":
         return actions.sync(cfg, paths, location)
     if args.action == "restore":
-        return actions.restore(cfg, paths, location)
+        lock_run(paths)  # restoring replaces checkpoints: never under a running stage
+        code = actions.restore(cfg, paths, location)
+        if code == 0:
+            report_stale_results(paths, cfg)
+        return code
     if args.action == "list":
         return actions.list_checkpoints(cfg, location)
     return actions.watch(cfg, paths, location, exit_with_parent=args.exit_with_parent)
+
+
+def report_stale_results(paths: RunPaths, cfg) -> None:
+    """Say at once when what was restored was made with other settings than this command's."""
+    for stage in ("sft", "rl"):
+        freshness = stage_freshness(paths, cfg, stage)
+        if freshness.stale:
+            print(f"{PROG}: note: {freshness.message()}", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    return run_entry_point(PROG, manage, argv)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,15 @@ checkpoints/sft/final and checkpoints/rl/final and writes outputs/compare.{json,
 
     python evaluate.py --model_path checkpoints/sft/final --num_tasks 50 --level 1 --name sft
     python evaluate.py --from_generations gens.jsonl --tasks tasks.jsonl --device cpu --name mine
+    python evaluate.py --from_generations KB_RUN_DIR --tasks tasks.jsonl --name kb   # KernelBench's layout
+    python evaluate.py --model_path checkpoints/rl/final --name rl --export-kernelbench KB_RUN_DIR
     python evaluate.py --compare --smoke
 
-Exit status: 0 all evaluated, 1 the verifier could not run, 2 usage error, 3 something was skipped
-(reported; reports still written). See docs/evaluation.md.
+Without --config or --smoke the config is configs/default.yaml when a CUDA GPU is visible, else
+configs/smoke.yaml. Ctrl-C stops at once; finished generation chunks stay saved and a re-run reuses
+them. Exit status: 0 all evaluated, 1 the verifier could not run, 2 usage or config error, 3
+something was skipped (reported; reports still written), 73 another process is working on this run,
+130 interrupted. See docs/evaluation.md.
 """
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = parser.add_argument_group("mode (exactly one)")
     mode.add_argument("--model_path", help="model to evaluate: a checkpoint directory, a model directory or a hub id")
-    mode.add_argument("--from_generations", metavar="GEN.jsonl", help="re-verify saved generations, no model")
+    mode.add_argument("--from_generations", metavar="GEN.jsonl|DIR",
+                      help="re-verify saved generations, no model: a generations JSONL file or a KernelBench "
+                           "run folder (level_L_problem_P_sample_S_kernel.py files)")
     mode.add_argument("--compare", action="store_true", help="evaluate base, SFT final and RL final and compare")
     parser.add_argument("--tasks", metavar="TASKS.jsonl", help="tasks file (default: the run's eval_tasks.jsonl)")
     parser.add_argument("--num_tasks", type=int, help="evaluate the first N selected tasks (default: eval.num_tasks)")
@@ -33,17 +40,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", help="report name: eval_NAME.json, generations_NAME.jsonl")
     parser.add_argument("--output_dir", help="write reports here instead of the run's outputs/")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="verification device (default: verifier.device)")
+    parser.add_argument("--export-kernelbench", dest="export_kernelbench", metavar="DIR",
+                        help="also write the generations as a KernelBench run folder (for its eval scripts)")
     parser.add_argument("--base", help="--compare: base model (default: model.name_or_path)")
     parser.add_argument("--sft", help="--compare: SFT checkpoint (default: checkpoints/sft/final)")
     parser.add_argument("--rl", help="--compare: RL checkpoint (default: checkpoints/rl/final)")
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     return parser
 
 
-def main(argv=None) -> int:
+def evaluate(argv=None) -> int:
     from extensions.evaluation.commands import run_command
 
     return run_command(build_parser().parse_args(argv))
+
+
+def main(argv=None) -> int:
+    from extensions.entry_point import run_entry_point
+
+    return run_entry_point("evaluate", evaluate, argv,
+                           interrupted_hint="finished generation chunks are saved; a re-run reuses them")
 
 
 if __name__ == "__main__":

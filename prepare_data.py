@@ -6,7 +6,9 @@ Reads KernelBook (PyTorch -> Triton pairs: the hub dataset GPUMODE/KernelBook, a
 a local JSONL, or ``none``), and writes the run's ``data/processed/`` files: sft_train.jsonl,
 sft_val.jsonl, rl_tasks.jsonl, eval_tasks.jsonl, difficulty_labels.jsonl and prepare_report.json.
 Bad rows are counted by reason, never fatal; a missing or unreadable source exits with status 2.
-A second run with the same inputs does nothing unless --force.
+A second run with the same inputs does nothing unless --force. Without --config or --smoke the
+config is configs/default.yaml when a CUDA GPU is visible, else configs/smoke.yaml. Ctrl-C stops
+at once; the outputs are replaced atomically, so the previous ones stay whole.
 
     python prepare_data.py --smoke
     python prepare_data.py --config configs/default.yaml
@@ -19,14 +21,18 @@ import logging
 import sys
 from pathlib import Path
 
-from extensions.config import ConfigError, add_config_args, config_from_args
+from extensions.config import add_config_args
 from extensions.data import SourceError, format_summary, prepare
+from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
 from extensions.paths import RunPaths
+from extensions.run_lock import lock_run
+
+PROG = "prepare_data"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_config_args(parser)
+    add_config_args(parser, stage_script=True)
     parser.add_argument("--kernelbook", help="hub id, local .jsonl/.json/.parquet, or 'bundled' (data.kernelbook)")
     parser.add_argument("--kernelbench", help="hub id, local JSONL, or 'none' (data.kernelbench)")
     parser.add_argument("--out", type=Path, help="output directory (default: the run's data/processed)")
@@ -36,23 +42,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def run(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     overrides = [f"data.{key}={value}" for key, value in
                  (("kernelbook", args.kernelbook), ("kernelbench", args.kernelbench)) if value is not None]
+    cfg = start_config(args, PROG, overrides)
+    paths = RunPaths.from_config(cfg)
+    if args.out is None:
+        lock_run(paths)
     try:
-        cfg = config_from_args(args, overrides)
-        out_dir = args.out or RunPaths.from_config(cfg).processed
-        outcome = prepare(cfg, out_dir, force=args.force, max_samples=args.max_samples,
+        outcome = prepare(cfg, args.out or paths.processed, force=args.force, max_samples=args.max_samples,
                           progress=not args.no_progress)
-    except (ConfigError, SourceError, ValueError) as exc:
-        print(f"prepare_data: error: {exc}", file=sys.stderr)
-        return 2
+    except (SourceError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if outcome.up_to_date:
         print(f"{outcome.out_dir}: up to date (same inputs and config); pass --force to rebuild")
     print(format_summary(outcome.report))
     return 0
+
+
+def main(argv=None) -> int:
+    return run_entry_point(PROG, run, argv, interrupted_hint="the previous outputs (if any) are unchanged")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ decides where to continue (SFT step, RL round), and the remaining stages run wit
 run_pipeline.sh uses (train_integrated.py resumes from that checkpoint by itself). --dry-run prints
 the plan and changes nothing. A finished run (complete rl/final and outputs/compare.json) is left
 alone. --print-state prints the stage status as shell assignments (for run_pipeline.sh).
+
+A finished stage or checkpoint made with other settings than this run's (config keys that decide
+the stage, or the data it read; restored ones included) stops the resume with one line per
+difference: --force retrains those stages, or run with the config they were made with. The run
+lock keeps a second process out of the run directory; --dry-run says who holds it. Without
+--config or --smoke: configs/default.yaml when a CUDA GPU is visible, else configs/smoke.yaml.
 """
 from __future__ import annotations
 
@@ -20,9 +26,13 @@ from pathlib import Path
 
 from extensions.cloud import actions
 from extensions.cloud.run_state import plan_resume, read_run_state, shell_assignments
-from extensions.config import add_config_args, config_from_args
+from extensions.config import add_config_args
+from extensions.entry_point import run_entry_point, start_config
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
+from extensions.run_lock import lock_run, lock_status
+
+PROG = "resume_training"
 
 # Where the stage scripts live; tests point it at stand-ins.
 SCRIPTS_DIR = Path(os.environ.get("KERNEL_RL_SCRIPTS_DIR") or Path(__file__).resolve().parent)
@@ -35,25 +45,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run-id", help="run name under the prefix (default: run.run_id)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     parser.add_argument("--print-state", action="store_true", help="stage status as shell assignments")
-    add_config_args(parser)
+    parser.add_argument("--force", action="store_true",
+                        help="retrain the stages whose saved results were made with other settings")
+    add_config_args(parser, stage_script=True)
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def resume(argv=None) -> int:
     args = parse_args(argv)
     actions.configure_logging("resume")
-    cfg = config_from_args(args)
+    cfg = start_config(args, PROG, announce=not args.print_state)
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)
     if args.print_state:
-        print(shell_assignments(paths, read_run_state(paths), location.uri if location else None))
+        state = read_run_state(paths, cfg, force=args.force)
+        print(shell_assignments(paths, state, location.uri if location else None, cfg=cfg))
         return 0
+    if args.dry_run:
+        print(lock_status(paths.run_lock), flush=True)
+    else:
+        lock_run(paths)
     if location is not None:
         code = actions.list_checkpoints(cfg, location) if args.dry_run else actions.restore(cfg, paths, location)
         if code != 0:
             return code
     config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
-    plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args)
+    plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args, cfg, force=args.force)
     if args.dry_run and location is not None and plan.stages:
         # A dry run downloads nothing, so the plan reads local files; the real run restores first.
         print(f"(plan from the local files; without --dry-run the complete checkpoints listed above are "
@@ -63,6 +80,10 @@ def main(argv=None) -> int:
         return 0
     SaveSignal.for_run(paths).clear_request()
     return actions.execute_plan(plan, paths)
+
+
+def main(argv=None) -> int:
+    return run_entry_point(PROG, resume, argv)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,16 @@
 #   ./run_pipeline.sh --smoke                                   # CPU run (SmolLM2-135M, bundled data)
 #   ./run_pipeline.sh --config configs/default.yaml --bucket B  # 8-GPU spot run, mirrored to S3
 #   ./run_pipeline.sh --smoke --set rl.num_rounds=1             # any config override, repeatable
+#   ./run_pipeline.sh --smoke --force                           # retrain stages made with other settings
 #
-# Each stage is skipped when its complete output exists (prepare: prepare_report.json and the
-# processed files; sft: a complete sft/final; rl: a complete rl/final; eval: outputs/compare.json),
-# so running the same command again after any interruption continues where it stopped; the
-# training stage resumes from its newest complete checkpoint by itself.
+# Each stage is skipped when its complete output exists and was made with this run's settings
+# (prepare: prepare_report.json matches the data inputs; sft, rl: a complete final/ whose meta.json
+# records the same stage-deciding config keys and input hashes; eval: compare.json of the current
+# adapters and eval settings), so running the same command again after any interruption continues
+# where it stopped; the training stage resumes from its newest complete checkpoint by itself. A
+# training result made with other settings stops the pipeline with the keys that differ: --force
+# retrains those stages (and what follows them), or the config they were made with keeps them.
+# One pipeline at a time per run directory (a run lock; a second one stops naming the holder).
 #
 # With --bucket (or $KERNEL_RL_BUCKET, or checkpoint.bucket) the run is restored from
 # s3://BUCKET/PREFIX/RUN_ID/ before starting, and `checkpoint_manager.py --action watch` runs beside
@@ -16,8 +21,11 @@
 # emergency sync, and a final sync when the pipeline ends (also after a failed stage). Without a
 # bucket the watcher still turns a spot notice into a checkpoint.
 #
-# Without --config or --smoke: configs/default.yaml when nvidia-smi sees a GPU, else the smoke config.
-# Training runs under `accelerate launch --num_processes N` when nvidia-smi lists N > 1 GPUs.
+# Without --config or --smoke: configs/default.yaml when a CUDA GPU is visible, else the smoke config
+# (the same choice every stage script makes: extensions/config/machine.py).
+# Training runs under `accelerate launch --num_processes N` when N > 1 GPUs are visible (N counts the
+# entries of CUDA_VISIBLE_DEVICES when it is set, else the GPUs `nvidia-smi -L` lists), and as one
+# process when model.device_map is set (it shards one model over every visible GPU).
 # Environment: PYTHON (interpreter, default python3), KERNEL_RL_BUCKET, KERNEL_RL_TRAIN_LAUNCHER
 # (replaces the training launcher, e.g. "accelerate launch --num_processes 4").
 set -euo pipefail
@@ -26,10 +34,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRIPTS_DIR="${KERNEL_RL_SCRIPTS_DIR:-$HERE}"  # where the stage scripts live (tests use stand-ins)
 PY="${PYTHON:-python3}"
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+# The comment block at the top of this file, up to its first line that is not a comment.
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 
 CONFIG=""
 SMOKE=0
+FORCE=0
 BUCKET="${KERNEL_RL_BUCKET:-}"
 SETS=()
 while [ $# -gt 0 ]; do
@@ -37,6 +47,7 @@ while [ $# -gt 0 ]; do
     --config) [ $# -ge 2 ] || { echo "--config needs a file" >&2; exit 2; }; CONFIG="$2"; shift 2 ;;
     --config=*) CONFIG="${1#*=}"; shift ;;
     --smoke) SMOKE=1; shift ;;
+    --force) FORCE=1; shift ;;
     --bucket) [ $# -ge 2 ] || { echo "--bucket needs a name" >&2; exit 2; }; BUCKET="$2"; shift 2 ;;
     --bucket=*) BUCKET="${1#*=}"; shift ;;
     --set) [ $# -ge 2 ] || { echo "--set needs section.key=value" >&2; exit 2; }; SETS+=(--set "$2"); shift 2 ;;
@@ -58,14 +69,12 @@ if [ -n "$CONFIG" ]; then
   CONFIG="$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")"
 elif [ "$SMOKE" = 1 ]; then
   CONFIG="$HERE/configs/smoke.yaml"
-elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  CONFIG="$HERE/configs/default.yaml"
-  log "GPU found: using $CONFIG"
-else
-  CONFIG="$HERE/configs/smoke.yaml"
-  log "no CUDA GPU found: using the CPU smoke config $CONFIG (pass --config to choose another)"
 fi
-CFG_ARGS=(--config "$CONFIG" ${SETS[@]+"${SETS[@]}"})
+# Without a config named, resume_training.py --print-state reports the one the machine calls for
+# (CONFIG_FILE); every stage is then given that file, so all of them read the same run.
+CFG_ARGS=(${CONFIG:+--config "$CONFIG"} ${SETS[@]+"${SETS[@]}"})
+FORCE_ARGS=()
+[ "$FORCE" = 1 ] && FORCE_ARGS=(--force)
 BUCKET_ARGS=()
 [ -n "$BUCKET" ] && BUCKET_ARGS=(--bucket "$BUCKET")
 cd "$HERE"
@@ -81,12 +90,20 @@ if missing:
 EOF
 then exit 1; fi
 
+# Stage status from resume_training.py; it fails (exit 2, with the keys that differ) when a saved
+# training result was made with other settings and --force was not given.
 read_state() {
   local assignments
-  assignments="$("$PY" "$HERE/resume_training.py" "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} --print-state)"
+  assignments="$("$PY" "$HERE/resume_training.py" "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} \
+    ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"} --print-state)" || return $?
   eval "$assignments"
 }
-read_state
+read_state || exit $?
+if [ -z "$CONFIG" ]; then
+  CONFIG="$CONFIG_FILE"
+  CFG_ARGS=(--config "$CONFIG" ${SETS[@]+"${SETS[@]}"})
+  log "no --config given: $CONFIG ($CONFIG_REASON)"
+fi
 
 STAGE_LINES=()
 FAILED_STAGE=""
@@ -131,6 +148,8 @@ summary() {
   banner "summary ($(duration $((SECONDS - PIPELINE_START))))"
   local line
   for line in ${STAGE_LINES[@]+"${STAGE_LINES[@]}"}; do echo "  $line"; done
+  # What RL really did (candidates per verifier stage, optimizer steps), read from its logs.
+  "$PY" -m extensions.training.activity "${CFG_ARGS[@]}" 2>/dev/null | sed 's/^/  /' || true
   read_state 2>/dev/null || true
   echo "  run root     $RUN_ROOT"
   echo "  data         $DATA_DIR"
@@ -156,6 +175,7 @@ on_exit() {
   fi
   stop_watch
   summary
+  [ -n "${LOCK_TOKEN:-}" ] && "$PY" -m extensions.run_lock release "$RUN_ROOT" --token "$LOCK_TOKEN" || true
   exit "$rc"
 }
 
@@ -173,13 +193,17 @@ on_signal() {
   exit 130
 }
 
+# The run lock, held for this shell; the stages and the restore share it through KERNEL_RL_RUN_LOCK.
+LOCK_TOKEN="$("$PY" -m extensions.run_lock acquire "$RUN_ROOT" --pid $$)" || exit 73
+export KERNEL_RL_RUN_LOCK="$LOCK_TOKEN"
+
 trap on_exit EXIT
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 
 run_stage() {
-  local name=$1 done_var=$2 script=$3
-  shift 3
+  local name=$1 done_var=$2 stale_var=$3 script=$4
+  shift 4
   if [ "${!done_var}" = 1 ]; then
     log "stage $name: complete output exists, skipped"
     STAGE_LINES+=("$(printf '%-8s skipped (already complete)' "$name")")
@@ -190,7 +214,10 @@ run_stage() {
   local start_with=("$PY")
   # Training: one process per GPU through accelerate when there are several (see TRAIN_LAUNCHER).
   [ "$script" = train_integrated.py ] && eval "start_with=($TRAIN_LAUNCHER)"
-  local command=("${start_with[@]}" "$SCRIPTS_DIR/$script" "$@" "${CFG_ARGS[@]}")
+  local stage_args=("$@")
+  # --force: a stage whose saved result was made with other settings is retrained from its start.
+  [ -n "$stale_var" ] && [ "${!stale_var:-0}" = 1 ] && stage_args+=(--force)
+  local command=("${start_with[@]}" "$SCRIPTS_DIR/$script" "${stage_args[@]}" "${CFG_ARGS[@]}")
   log "${command[*]}"
   local start=$SECONDS rc=0
   "${command[@]}" &
@@ -211,7 +238,7 @@ run_stage() {
     log "stage $name FAILED with exit code $rc after $took"
     exit "$rc"
   fi
-  read_state
+  read_state || { local state_rc=$?; FAILED_STAGE="after stage $name: the run's saved results do not fit this command (see above)"; exit "$state_rc"; }
   if [ "${!done_var}" != 1 ]; then
     FAILED_STAGE="stage $name (exited 0 without its complete output)"
     STAGE_LINES+=("$(printf '%-8s INCOMPLETE after %s' "$name" "$took")")
@@ -227,15 +254,15 @@ log "run root $RUN_ROOT"
 if [ -n "$BUCKET" ]; then
   log "restoring from $S3_URI before starting"
   if ! "$PY" "$HERE/checkpoint_manager.py" --action restore "${CFG_ARGS[@]}" "${BUCKET_ARGS[@]}"; then
-    FAILED_STAGE="restore from $S3_URI (does the bucket exist? 'python checkpoint_manager.py --action setup --bucket $BUCKET')"
+    FAILED_STAGE="restore from $S3_URI (the cause is printed above)"
     exit 4
   fi
-  read_state
+  read_state || { state_rc=$?; FAILED_STAGE="restored results do not fit this command (see above)"; exit "$state_rc"; }
 fi
 start_watch
 
-run_stage prepare PREPARE_DONE prepare_data.py
-run_stage sft SFT_DONE train_integrated.py --stage sft
-run_stage rl RL_DONE train_integrated.py --stage rl
-run_stage eval EVAL_DONE evaluate.py --compare
+run_stage prepare PREPARE_DONE "" prepare_data.py
+run_stage sft SFT_DONE SFT_STALE train_integrated.py --stage sft
+run_stage rl RL_DONE RL_STALE train_integrated.py --stage rl
+run_stage eval EVAL_DONE "" evaluate.py --compare
 log "pipeline finished"

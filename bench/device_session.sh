@@ -7,7 +7,11 @@
 #   bash bench/device_session.sh timing                            # another
 #   bash bench/device_session.sh rollout sft
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
+#   bash bench/device_session.sh rehearsal                         # 7B rehearsal on every GPU (~7 min)
 #   bash bench/device_session.sh rl_algorithms                     # on a machine with >= 2 GPUs
+#
+# rehearsal: USD_PER_GPU_HOUR (default 2.5) prices the projection; REHEARSAL_ARGS adds flags
+# (e.g. "--config configs/a100-40gb.yaml").
 #
 # KernelBench is read from KERNELBENCH (default: ../shared/kernelbench/..., else .carry/kernelbench/...).
 # A bubblewrap binary in .carry/bin is put on PATH when the machine has none.
@@ -87,7 +91,8 @@ run_rl_algorithms() {
     && $PY prepare_data.py --smoke --set run.root=$root/data --no_progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
                 --set verifier.device=cuda --set rl.num_rounds=1 --set rl.tasks_per_round=4 --set rl.samples_per_task=8
-                --set rl.max_new_tokens=128 --set rl.generation_batch_size=16 --set rl.per_device_batch_size=4)
+                --set rl.max_new_tokens=128 --set rl.generation_batch_size=16 --set rl.per_device_batch_size=4
+                --set rl.init=base)
   local algorithm
   for algorithm in best_of_n grpo rloo; do
     mkdir -p "$root/$algorithm" && cp -r "$root/data/data" "$root/$algorithm/data"
@@ -117,10 +122,20 @@ PYEOF
   cat "$OUT/rl_algorithms.md"
 }
 
+run_rehearsal() {
+  local gpus launch=("$PY")
+  gpus=$(nvidia-smi -L | wc -l)
+  [ "$gpus" -gt 1 ] && launch=("$PY" -m accelerate.commands.launch --num_processes "$gpus" --mixed_precision no)
+  # shellcheck disable=SC2086  # REHEARSAL_ARGS is a list of flags
+  step rehearsal 540 "${launch[@]}" bench/production_rehearsal.py --kernelbench "$KERNELBENCH" \
+    --usd-per-gpu-hour "${USD_PER_GPU_HOUR:-2.5}" --out "$OUT/rehearsal" --no-progress ${REHEARSAL_ARGS:-}
+}
+
 for name in "$@"; do
   case "$name" in
     env) run_env ;; gpu_tests) run_gpu_tests ;; verifier) run_verifier ;; timing) run_timing ;;
-    rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rl_algorithms) run_rl_algorithms ;;
+    rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
+    rl_algorithms) run_rl_algorithms ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done

@@ -1,7 +1,8 @@
 """Self-describing, verifiably complete checkpoint directories.
 
-A checkpoint directory holds ``meta.json`` (config, base model, stage, step or round, data) and is
-*complete* only once ``manifest.json`` (every other file's name, size and sha256) exists. The manifest
+A checkpoint directory holds ``meta.json`` (the full resolved config and its fingerprints, base
+model, stage, step or round, the content hashes of the data it read), ``config.yaml`` (the same
+config, ready for ``--config``) and is *complete* only once ``manifest.json`` (every other file's name, size and sha256) exists. The manifest
 is written last and atomically, so a directory caught mid-write by a crash, a SIGKILL or a spot
 reclaim is never mistaken for a checkpoint: restore, resume and S3 sync consider complete ones only.
 """
@@ -19,6 +20,8 @@ from .paths import checkpoint_index
 
 META = "meta.json"
 MANIFEST = "manifest.json"
+CONFIG_COPY = "config.yaml"
+ADAPTER_WEIGHTS_PREFIX = "adapter_model"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -44,11 +47,32 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def write_meta(directory: Path, *, stage: str, config: str | None, base_model: str, data: Any,
-               step: int | None = None, round_index: int | None = None, **extra: Any) -> dict:
+def write_meta(directory: Path, *, stage: str, config: Any, base_model: str, data: Any,
+               step: int | None = None, round_index: int | None = None, inputs: dict | None = None,
+               **extra: Any) -> dict:
+    """Write ``meta.json`` (and ``config.yaml`` when ``config`` is a resolved config object).
+
+    ``config``: the run's PipelineConfig (stored in full with its fingerprints, so a later run can
+    tell whether this result still fits its own config), or just a file name where no resolved
+    config exists. ``inputs``: content hashes of what the stage read (data files, start adapter).
+    """
+    from .config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
+
+    described: dict[str, Any] = {"config": config, "config_file": config if isinstance(config, str) else None}
+    if config is not None and not isinstance(config, str):
+        from .config import config_yaml
+
+        described = {
+            "config": resolved_dict(config),
+            "config_file": config.source,
+            "config_fingerprint": config_fingerprint(config),
+            "stage_fingerprint": stage_fingerprint(config, stage) if stage in ("sft", "rl") else None,
+        }
+        atomic_write_text(Path(directory) / CONFIG_COPY, config_yaml(config))
     meta = {
         "stage": stage,
-        "config": config,
+        **described,
+        "inputs": inputs,
         "base_model": base_model,
         "step": step,
         "round": round_index,
@@ -65,6 +89,30 @@ def read_meta(directory: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no {META}; it is not a checkpoint of this pipeline")
     return json.loads(path.read_text())
+
+
+def adapter_content_hash(directory: Path) -> str | None:
+    """sha256 over the adapter weight files of a checkpoint or adapter directory (None: no adapter).
+
+    Names a trained adapter by what it is, not where it lies: a retrained ``sft/final`` gets a new
+    hash, and an RL adapter that no update changed has its SFT adapter's hash.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    manifest = read_manifest(directory) if is_complete(directory) else None
+    if manifest is not None:
+        entries = {name: entry.get("sha256") for name, entry in manifest["files"].items()
+                   if Path(name).name.startswith(ADAPTER_WEIGHTS_PREFIX)}
+    else:
+        entries = {str(path.relative_to(directory)): sha256_file(path)
+                   for path in sorted(directory.glob(f"{ADAPTER_WEIGHTS_PREFIX}*")) if path.is_file()}
+    if not entries or not all(entries.values()):
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(entries):
+        digest.update(f"{Path(name).name}:{entries[name]}\n".encode())
+    return digest.hexdigest()
 
 
 def _payload_files(directory: Path) -> Iterable[Path]:

@@ -4,12 +4,13 @@ The spot watcher (in-process thread or ``checkpoint_manager.py --action watch`` 
 asks for a checkpoint; the training loop polls ``SaveSignal.save_requested()`` at every step
 boundary, saves, calls ``acknowledge()``, and stops if ``stop_requested()``. A request is an event
 (same process), a flag file under the run's logs (another process), or SIGUSR1 (save and go on) /
-SIGTERM (save and stop).
+SIGTERM or a first Ctrl-C (SIGINT: save and stop). A second Ctrl-C aborts at once, without saving.
 """
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,17 +24,29 @@ class SaveSignal:
         self._stop = threading.Event()
         self._saved = threading.Event()
         self.reason: Optional[str] = None
+        self._interrupted = False
 
     @classmethod
     def for_run(cls, paths) -> "SaveSignal":
         return cls(paths.save_request)
 
     def install_signal_handlers(self) -> None:
-        """SIGUSR1: save at the next step and continue. SIGTERM: save at the next step and stop."""
+        """SIGUSR1: save at the next step and continue. SIGTERM and a first SIGINT (Ctrl-C): save at
+        the next step and stop. A second SIGINT raises KeyboardInterrupt: abort now, no save."""
         if threading.current_thread() is not threading.main_thread():
             return
         signal.signal(signal.SIGUSR1, lambda *_: self.request("SIGUSR1", stop=False, write_flag=False))
         signal.signal(signal.SIGTERM, lambda *_: self.request("SIGTERM", stop=True, write_flag=False))
+        signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if self._interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self._interrupted = True
+        print("\nCtrl-C: saving a checkpoint at the next step boundary, then stopping; "
+              "press Ctrl-C again to abort at once without saving", file=sys.stderr, flush=True)
+        self.request("SIGINT", stop=True, write_flag=False)
 
     def request(self, reason: str, stop: bool = False, write_flag: bool = True) -> None:
         self.reason = reason

@@ -28,6 +28,11 @@ class RunPaths:
     def from_config(cls, cfg) -> "RunPaths":
         return cls(Path(cfg.run.root).expanduser().resolve())
 
+    @property
+    def run_lock(self) -> Path:
+        """Held by the process working on this run; outside the synced folders, so never mirrored."""
+        return self.root / ".run.lock"
+
     # data -------------------------------------------------------------------------------------
     @property
     def data(self) -> Path:

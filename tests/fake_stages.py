@@ -18,17 +18,22 @@ from extensions import checkpoints as ck
 from extensions.config import add_config_args, config_from_args
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
+from extensions.run_lock import lock_run
+from extensions.stage_freshness import stage_inputs
 
 def setup(stage_flag=False, compare_flag=False):
     parser = argparse.ArgumentParser()
     if stage_flag:
         parser.add_argument("--stage", required=True, choices=["sft", "rl", "all"])
+        parser.add_argument("--force", action="store_true")
     if compare_flag:
         parser.add_argument("--compare", action="store_true")
     add_config_args(parser)
     args = parser.parse_args()
     cfg = config_from_args(args)
-    return args, cfg, RunPaths.from_config(cfg)
+    paths = RunPaths.from_config(cfg)
+    lock_run(paths)  # as the real stages do: shared with the pipeline or resume that started us
+    return args, cfg, paths
 
 def maybe_fail(stage):
     if os.environ.get("FAKE_FAIL_STAGE") == stage:
@@ -48,7 +53,8 @@ note(paths, "prepare")
 paths.processed.mkdir(parents=True, exist_ok=True)
 for path in (paths.sft_train, paths.sft_val, paths.difficulty_labels, paths.rl_tasks, paths.eval_tasks):
     path.write_text(json.dumps({"file": path.name}) + "\n")
-paths.prepare_report.write_text(json.dumps({"kept": 5}) + "\n")
+from extensions.data.pipeline import input_fingerprint
+paths.prepare_report.write_text(json.dumps({"kept": 5, "fingerprint": input_fingerprint(cfg.data)}) + "\n")
 '''
 
 FAKE_TRAINER = FAKE_COMMON + r'''
@@ -57,7 +63,7 @@ STEP_S = float(os.environ.get("FAKE_STEP_S", "0.03"))
 def advance(state, i):
     return hashlib.sha256(f"{state}:{i}".encode()).hexdigest()
 
-def save(directory, stage, state, index, cfg):
+def save(directory, stage, state, index, cfg, paths):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "state.json").write_text(json.dumps({"state": state, "index": index}))
     with open(directory / "adapter_model.bin", "wb") as handle:  # slow enough to be killed mid-write
@@ -65,7 +71,8 @@ def save(directory, stage, state, index, cfg):
             handle.write(hashlib.sha256(f"{state}{j}".encode()).digest() * 2048)
             handle.flush()
             time.sleep(0.002)
-    ck.write_meta(directory, stage=stage, config=cfg.source, base_model="fake", data="fake",
+    ck.write_meta(directory, stage=stage, config=cfg, base_model="fake", data="fake",
+                  inputs=stage_inputs(paths, cfg, stage),
                   step=index if stage == "sft" else None, round_index=index if stage == "rl" else None)
     ck.finalize(directory)
 
@@ -89,7 +96,7 @@ def train(stage, cfg, paths, save_signal):
         requested = save_signal.save_requested()
         if i % every == 0 or i == total or requested:
             target = paths.sft_checkpoint(i) if stage == "sft" else paths.rl_round(i)
-            save(target, stage, state, i, cfg)
+            save(target, stage, state, i, cfg, paths)
             ck.prune(stage_dir, cfg.sft.keep_last_checkpoints)
             print(f"fake {stage}: saved {target.name}", flush=True)
             if requested:
@@ -105,6 +112,10 @@ maybe_fail(args.stage)
 save_signal = SaveSignal.for_run(paths)
 save_signal.install_signal_handlers()
 for stage in (["sft", "rl"] if args.stage == "all" else [args.stage]):
+    if args.force:
+        import shutil
+        shutil.rmtree(paths.stage_dir(stage), ignore_errors=True)
+        note(paths, f"{stage} forced")
     if ck.is_complete(paths.final(stage)):
         continue
     note(paths, f"{stage} started")
@@ -119,7 +130,8 @@ note(paths, "eval")
 state = json.loads((paths.final("rl") / "state.json").read_text())
 paths.outputs.mkdir(parents=True, exist_ok=True)
 paths.compare_md.write_text("| model | score |\n")
-paths.compare_json.write_text(json.dumps({"rl_state": state}) + "\n")
+from extensions.evaluation.commands import comparison_inputs
+paths.compare_json.write_text(json.dumps({"rl_state": state, "inputs": comparison_inputs(cfg, paths)}) + "\n")
 '''
 
 
@@ -153,3 +165,29 @@ def stage_env(scripts: Path) -> dict:
 
 def final_states(paths: RunPaths) -> dict:
     return {stage: json.loads((paths.final(stage) / "state.json").read_text()) for stage in ("sft", "rl")}
+
+
+def write_finished_run(cfg) -> RunPaths:
+    """A finished run of ``cfg`` as the stages leave it: data with its fingerprint, both final
+    adapters recording this config and their inputs, and the comparison of those adapters."""
+    from extensions import checkpoints as ck
+    from extensions.cloud.run_state import prepared_files
+    from extensions.data.pipeline import input_fingerprint
+    from extensions.evaluation.commands import comparison_inputs
+    from extensions.stage_freshness import stage_inputs
+
+    paths = RunPaths.from_config(cfg)
+    for path in prepared_files(paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"file": path.name}) + "\n")
+    paths.prepare_report.write_text(json.dumps({"fingerprint": input_fingerprint(cfg.data)}) + "\n")
+    for stage in ("sft", "rl"):
+        directory = paths.final(stage)
+        directory.mkdir(parents=True)
+        (directory / "adapter_model.safetensors").write_bytes(f"{stage} weights".encode())
+        ck.write_meta(directory, stage=stage, config=cfg, base_model="m", data="d",
+                      inputs=stage_inputs(paths, cfg, stage))
+        ck.finalize(directory)
+    paths.outputs.mkdir(parents=True)
+    paths.compare_json.write_text(json.dumps({"inputs": comparison_inputs(cfg, paths)}) + "\n")
+    return paths

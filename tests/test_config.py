@@ -1,4 +1,8 @@
 import argparse
+import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -66,3 +70,125 @@ def test_nested_sections_and_cli_overrides(project_root):
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+# -- YAML 1.2 numbers, nearest keys, section help -----------------------------------------------------
+def _parser():
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    return parser
+
+
+def test_exponent_floats_follow_yaml_1_2_in_files_and_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("sft:\n  learning_rate: 1e-4\n  weight_decay: 5E-3\nrl:\n  learning_rate: '3e-6'\n"
+                    "verifier:\n  timeout_s: 1e2\n")
+    cfg = load_config(path, ["rl.temperature=7e-1", "eval.top_p=.5", "run.run_id=1e5"])
+    assert cfg.sft.learning_rate == 1e-4 and cfg.sft.weight_decay == 5e-3
+    assert cfg.rl.learning_rate == 3e-6  # a quoted number in a float field is read as the number
+    assert cfg.verifier.timeout_s == 100.0 and cfg.rl.temperature == 0.7 and cfg.eval.top_p == 0.5
+    assert cfg.run.run_id == "1e5"  # a string field keeps the text
+    with pytest.raises(ConfigError, match="rl.num_rounds: expected an integer"):
+        load_config(path, ["rl.num_rounds=1e3"])
+
+
+def test_unknown_keys_name_the_nearest_valid_key(tmp_path):
+    cfg_path = tmp_path / "typo.yaml"
+    cfg_path.write_text("sft:\n  learnig_rate: 1e-4\n")
+    with pytest.raises(ConfigError, match=r"unknown config key sft.learnig_rate \(did you mean sft.learning_rate\?\)"):
+        load_config(cfg_path)
+    parser = _parser()
+    with pytest.raises(ConfigError, match=r"did you mean verifier\?"):
+        config_from_args(parser.parse_args(["--smoke", "--set", "verifer.device=cpu"]))
+    with pytest.raises(ConfigError, match=r"did you mean sft.learning_rate or rl.learning_rate\?"):
+        config_from_args(parser.parse_args(["--smoke", "--set", "learning_rate=1e-4"]))
+    with pytest.raises(ConfigError, match=r"did you mean rl.curriculum.curriculum_step\?"):
+        config_from_args(parser.parse_args(["--smoke", "--set", "rl.curriculum.curriculum_stp=0.2"]))
+
+
+def test_section_help_lists_its_keys_with_values():
+    from extensions.config import ConfigHelpRequested
+
+    with pytest.raises(ConfigHelpRequested) as listed:
+        config_from_args(_parser().parse_args(["--smoke", "--set", "sft.help"]))
+    text = str(listed.value)
+    assert "keys of section sft" in text and "  learning_rate: float = 0.0001" in text
+    assert "  batching: 'packed' | 'length_grouped' | 'padded' = 'packed'" in text
+    with pytest.raises(ConfigHelpRequested, match="curriculum: \\(section; --set rl.curriculum.help\\)"):
+        config_from_args(_parser().parse_args(["--smoke", "--set", "rl.help"]))
+
+
+def test_default_config_follows_the_gpu(tmp_path, monkeypatch):
+    from extensions.config import DEFAULT_CONFIG, SMOKE_CONFIG
+    from extensions.config.machine import default_config
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    smi = fake_bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert default_config().path == DEFAULT_CONFIG
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert default_config().path == SMOKE_CONFIG and "no CUDA GPU" in default_config().reason
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert default_config().path == SMOKE_CONFIG
+
+
+# -- every entry point: one clean line, exit 2; --print-config; the default it took ------------------
+ENTRY_POINTS = {
+    "train_integrated.py": ["--stage", "sft"],
+    "evaluate.py": ["--compare"],
+    "prepare_data.py": [],
+    "resume_training.py": ["--dry-run"],
+    "checkpoint_manager.py": ["--action", "list", "--bucket", "b"],
+}
+
+
+def _run_script(project_root, script, *args, cwd=None, env=None):
+    return subprocess.run([sys.executable, str(project_root / script), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd or project_root, env=env)
+
+
+@pytest.mark.parametrize("script", sorted(ENTRY_POINTS))
+def test_config_errors_are_one_line_with_exit_code_2(project_root, script, tmp_path):
+    typo = _run_script(project_root, script, *ENTRY_POINTS[script], "--smoke", "--set", "sft.learnig_rate=1e-4")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert typo.stderr.strip().splitlines() == [
+        f"{script[:-3]}: config error: unknown config key sft.learnig_rate (did you mean sft.learning_rate?); "
+        "--set sft.help lists the valid keys"]
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text("rl:\n  num_rounds: many\n")
+    wrong_type = _run_script(project_root, script, *ENTRY_POINTS[script], "--config", str(bad_file))
+    assert wrong_type.returncode == 2 and len(wrong_type.stderr.strip().splitlines()) == 1, wrong_type.stderr
+    assert "rl.num_rounds: expected an integer, got 'many'" in wrong_type.stderr
+    listed = _run_script(project_root, script, *ENTRY_POINTS[script], "--smoke", "--set", "eval.help")
+    assert listed.returncode == 0 and "keys of section eval" in listed.stdout, listed.stderr
+
+
+def test_print_config_prints_a_loadable_config_and_exits_0(project_root, tmp_path):
+    import yaml
+
+    printed = _run_script(project_root, "train_integrated.py", "--smoke", "--set", "sft.learning_rate=1e-4",
+                          "--set", "rl.num_rounds=5", "--print-config")
+    assert printed.returncode == 0, printed.stderr
+    assert yaml.safe_load(printed.stdout)["sft"]["learning_rate"] == 1e-4
+    copy = tmp_path / "resolved.yaml"
+    copy.write_text(printed.stdout)
+    reloaded = load_config(copy)
+    original = load_config(project_root / "configs" / "smoke.yaml", ["sft.learning_rate=1e-4", "rl.num_rounds=5"])
+    assert dataclasses.replace(reloaded, source=None) == dataclasses.replace(original, source=None)
+    assert not (project_root / "runs" / "smoke" / ".run.lock").exists()  # nothing was started
+
+
+def test_bare_scripts_take_the_machines_default_and_say_so(project_root, tmp_path):
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+    state = _run_script(project_root, "resume_training.py", "--print-state", cwd=tmp_path, env=env)
+    assert state.returncode == 0, state.stderr
+    assert f"CONFIG_FILE={project_root / 'configs' / 'smoke.yaml'}" in state.stdout
+    assert "no CUDA GPU visible" in state.stdout
+    dry = _run_script(project_root, "resume_training.py", "--dry-run", cwd=tmp_path, env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "configs/smoke.yaml (no CUDA GPU visible: the CPU smoke config" in dry.stderr

@@ -134,6 +134,8 @@ def test_model_path_generates_saves_before_verifying_and_reuses(tmp_path, projec
     assert [(r["task_id"], r["sample"]) for r in rows] == [("relu", 0), ("relu", 1), ("add_scaled", 0), ("add_scaled", 1)]
     report = json.loads((out / "eval_tiny.json").read_text())
     assert report["metrics"]["num_samples"] == 4 and report["metrics"]["correct_rate"] == 0.0  # random weights
+    assert report["config"]["eval"]["max_new_tokens"] == 6 and report["config"]["eval"]["temperature"] == 0.9
+    assert report["config_fingerprint"] and report["eval_fingerprint"] and report["tasks_file_sha256"]
     assert report["complete"] and recompute_metrics(report) == report["metrics"]
 
     # A re-run reuses the saved generations: put a real kernel in one and it is judged, nothing regenerated.

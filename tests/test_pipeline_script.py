@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 import subprocess
 
+from extensions.cloud.ec2_detect import ec2_evidence
 from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.paths import RunPaths
@@ -35,7 +36,9 @@ def test_runs_all_stages_then_skips_them(tmp_path):
     assert "pipeline finished" in first.stdout and "comparison" in first.stdout
     paths = RunPaths(tmp_path / "run")
     assert final_states(paths)["rl"]["index"] == 4 and paths.compare_json.is_file()
-    assert "no instance metadata service" in (paths.logs / "checkpoint_manager.log").read_text()
+    watcher_log = (paths.logs / "checkpoint_manager.log").read_text()
+    if ec2_evidence() is None:  # off EC2 the metadata address is never polled
+        assert "no metadata polling (not an EC2 instance" in watcher_log, watcher_log
 
     again = pipeline("--config", str(config), "--set", "rl.num_rounds=4", env=env)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -147,3 +150,42 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_rerun_with_other_settings_stops_naming_them_and_force_retrains_only_what_changed(tmp_path):
+    env = stage_env(write_fake_stages(tmp_path / "scripts"))
+    config = write_config(tmp_path / "run.yaml", tmp_path / "run")
+    paths = RunPaths(tmp_path / "run")
+    assert pipeline("--config", str(config), env=env).returncode == 0
+
+    changed = pipeline("--config", str(config), "--set", "rl.num_rounds=5", "--set", "rl.learning_rate=1.0e-5", env=env)
+    assert changed.returncode == 2, changed.stdout + changed.stderr
+    assert "rl.num_rounds: 4 -> 5" in changed.stderr and "rl.learning_rate: 5e-06 -> 1e-05" in changed.stderr
+    assert "--force" in changed.stderr and str(paths.final("rl") / "config.yaml") in changed.stderr
+    assert "already complete" not in changed.stdout and "Traceback" not in changed.stderr
+
+    forced = pipeline("--config", str(config), "--set", "rl.num_rounds=5", "--set", "rl.learning_rate=1.0e-5",
+                      "--force", env=env)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    lines = stage_lines(forced.stdout)
+    assert "skipped" in lines["prepare"] and "skipped" in lines["sft"], forced.stdout
+    assert "done in" in lines["rl"] and "done in" in lines["eval"], forced.stdout  # eval follows the new adapter
+    assert final_states(paths)["rl"]["index"] == 5
+    assert (paths.logs / "fake_stages.log").read_text().splitlines()[-3:] == ["rl forced", "rl started", "eval"]
+
+    # The new settings are now the run's own: the same command skips everything.
+    again = pipeline("--config", str(config), "--set", "rl.num_rounds=5", "--set", "rl.learning_rate=1.0e-5", env=env)
+    assert again.returncode == 0 and all("skipped" in line for line in stage_lines(again.stdout).values()), again.stdout
+
+
+def test_without_a_config_the_pipeline_takes_the_machines_default_once_for_all_stages(tmp_path):
+    from s3_testing import free_port
+
+    env = {**stage_env(write_fake_stages(tmp_path / "scripts")), "CUDA_VISIBLE_DEVICES": ""}
+    smoke = PROJECT_ROOT / "configs" / "smoke.yaml"
+    result = pipeline("--set", f"run.root={tmp_path / 'run'}", "--set", "sft.max_steps=2", "--set", "rl.num_rounds=1",
+                      "--set", f"checkpoint.metadata_endpoint=http://127.0.0.1:{free_port()}", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"no --config given: {smoke} (no CUDA GPU visible: the CPU smoke config" in result.stdout
+    commands = [line for line in result.stdout.splitlines() if "scripts/" in line and ".py" in line]
+    assert len(commands) == 4 and all(f"--config {smoke}" in line for line in commands), result.stdout

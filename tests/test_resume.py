@@ -23,7 +23,7 @@ from extensions.cloud.s3_sync import CheckpointManager
 from extensions.config import load_config
 from extensions.paths import RunPaths
 
-from fake_stages import final_states, stage_env, write_config, write_fake_stages
+from fake_stages import final_states, stage_env, write_config, write_fake_stages, write_finished_run
 from s3_testing import PROJECT_ROOT
 
 
@@ -61,17 +61,7 @@ def test_plan_follows_the_newest_complete_checkpoint(tmp_path):
 def test_finished_run_is_left_alone(tmp_path):
     scripts = write_fake_stages(tmp_path / "scripts")
     config = write_config(tmp_path / "run.yaml", tmp_path / "run")
-    paths = RunPaths(tmp_path / "run")
-    for stage in ("sft", "rl"):
-        directory = paths.final(stage)
-        directory.mkdir(parents=True)
-        ck.write_meta(directory, stage=stage, config="c", base_model="m", data="d")
-        ck.finalize(directory)
-    for path in prepared_files(paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("{}\n")
-    paths.outputs.mkdir()
-    paths.compare_json.write_text("{}\n")
+    paths = write_finished_run(load_config(config))
     result = resume(config, scripts)
     assert result.returncode == 0, result.stderr
     assert "is finished" in result.stdout and "nothing to do" in result.stdout
@@ -169,3 +159,27 @@ def test_training_stages_use_the_configured_launcher(tmp_path, monkeypatch):
     monkeypatch.delenv(LAUNCHER_ENV)
     if visible_gpus() <= 1:  # one GPU or none: the plain interpreter
         assert plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, []).commands[1][0] == "python"
+
+
+def test_results_restored_from_s3_are_checked_against_the_resuming_config(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    first = RunPaths(tmp_path / "first")
+    first_config = write_config(tmp_path / "first.yaml", first.root, run_id="shared-run")
+    assert resume(first_config, scripts).returncode == 0
+    cfg = load_config(first_config)
+    assert CheckpointManager(cfg.checkpoint, first, S3Location(s3["bucket"], "runs", "shared-run")).sync_once().ok
+
+    second = RunPaths(tmp_path / "second")
+    other_config = write_config(tmp_path / "second.yaml", second.root, run_id="shared-run", lora="{r: 8}")
+    refused = resume(other_config, scripts, "--bucket", s3["bucket"])
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "sft: the finished result" in refused.stderr and "lora.r: 16 -> 8" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    restored_log = (first.logs / "fake_stages.log").read_text()
+    assert (second.logs / "fake_stages.log").read_text() == restored_log  # restored, and no stage ran
+
+    forced = resume(other_config, scripts, "--bucket", s3["bucket"], "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    log = (second.logs / "fake_stages.log").read_text().splitlines()
+    assert log[-5:] == ["sft forced", "sft started", "rl forced", "rl started", "eval"]
+    assert ck.read_meta(second.final("rl"))["config"]["lora"]["r"] == 8

@@ -11,15 +11,17 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from extensions.cloud.ec2_detect import ec2_evidence
 from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.cloud.s3_sync import CheckpointManager
 from extensions.cloud.spot_watcher import (
-    ImdsClient, ImdsUnavailable, InterruptionHandler, SpotNotice, SpotWatcher,
+    ImdsClient, ImdsUnavailable, InterruptionHandler, SpotNotice, SpotWatcher, watcher_for,
 )
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
@@ -205,3 +207,81 @@ def test_watch_process_answers_sigterm_with_save_request_and_emergency_sync(s3, 
     assert SaveSignal.for_run(paths).flag_path.exists()  # the request a trainer would have served
     assert "checkpoints/sft/checkpoint-2/manifest.json" in list_objects(s3["client"], location)
     assert json.loads(paths.spot_interruption_report.read_text())["action"] == "sigterm"
+
+
+def fake_sys(root: Path, **files: str) -> Path:
+    """A /sys tree holding only ``files`` (relative path with '__' for '/': text)."""
+    for name, text in files.items():
+        path = root / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return root
+
+
+DMI = "devices__virtual__dmi__id__"
+
+
+@pytest.mark.parametrize("files, evidence", [
+    ({DMI + "sys_vendor": "Amazon EC2", DMI + "board_vendor": "Amazon EC2"}, "sys_vendor"),  # Nitro
+    ({"hypervisor__uuid": "ec2e1916-9099-7caf-fd21-012345abcdef", DMI + "sys_vendor": "Xen"}, "hypervisor/uuid"),
+    ({DMI + "product_uuid": "EC2E1916-9099-7CAF-FD21-012345ABCDEF"}, "product_uuid"),
+    ({DMI + "sys_vendor": "LENOVO", DMI + "product_uuid": "4c4c4544-0042-3510-8051-b4c04f4d4e32"}, None),
+    ({DMI + "sys_vendor": "QEMU", "hypervisor__uuid": "0a1b2c3d-ec20-0000-0000-000000000000"}, None),
+    ({}, None),  # a container with an empty /sys
+])
+def test_ec2_is_recognised_from_sys_files_only(tmp_path, files, evidence):
+    found = ec2_evidence(fake_sys(tmp_path, **files))
+    assert (found is None) if evidence is None else (evidence in found)
+
+
+@pytest.mark.parametrize("mode, on_ec2, polls", [
+    ("auto", False, False), ("auto", True, True), ("on", False, True), ("off", True, False),
+])
+def test_spot_watch_mode_decides_whether_metadata_is_polled(imds, tmp_path, mode, on_ec2, polls):
+    sys_root = fake_sys(tmp_path, **({DMI + "sys_vendor": "Amazon EC2"} if on_ec2 else {DMI + "sys_vendor": "LENOVO"}))
+    cfg = small_settings(tmp_path / "run", metadata_endpoint=imds.url, spot_poll_interval_s=0.02, spot_watch=mode)
+    watcher, polling = watcher_for(cfg.checkpoint, lambda notice: None, sys_root)
+    assert polling.enabled is polls and (watcher is not None) is polls
+    if watcher is not None:
+        watcher.start()
+        end = time.time() + 10
+        while not imds.requests and time.time() < end:
+            time.sleep(0.02)
+        watcher.stop(timeout=5)
+    assert bool(imds.requests) is polls
+    if not polls:
+        assert mode in polling.reason or "not an EC2 instance" in polling.reason
+
+
+def test_unknown_spot_watch_mode_is_a_config_error(tmp_path):
+    from extensions.config import ConfigError
+
+    with pytest.raises(ConfigError, match="spot_watch"):
+        small_settings(tmp_path, spot_watch="sometimes")
+
+
+@pytest.mark.skipif(ec2_evidence() is not None, reason="this machine is an EC2 instance")
+def test_watch_process_off_ec2_never_touches_the_metadata_address(imds, tmp_path):
+    """The quickstart on a laptop: the watcher runs beside the stages, with no bucket, and must not
+    send a single request to the metadata address."""
+    paths = RunPaths(tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    command = [sys.executable, str(PROJECT_ROOT / "checkpoint_manager.py"), "--action", "watch", "--smoke",
+               "--local-dir", str(paths.root), "--set", f"checkpoint.metadata_endpoint={imds.url}",
+               "--set", "checkpoint.spot_poll_interval_s=0.05"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # wait until it is watching, then give it time to poll (it must not)
+            lines.append(line)
+            if "watching" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        output = "".join(lines) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert "no metadata polling (not an EC2 instance" in output
+    assert imds.requests == []

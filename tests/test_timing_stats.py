@@ -513,6 +513,22 @@ def test_lease_is_released_when_the_holder_dies(tmp_path, monkeypatch):
         pass
 
 
+def _python_and_project_dirs_under(hidden: str) -> list[str]:
+    """Directories of this interpreter's installation (prefixes, site-packages, sys.path) and of the
+    project that lie under ``hidden``."""
+    import site
+
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(PROJECT_ROOT),
+                  os.path.dirname(os.path.realpath(sys.executable)), *site.getsitepackages()}
+    candidates.update(p for p in sys.path if p and os.path.isabs(p))
+    found = set()
+    for path in candidates:
+        for variant in (os.path.abspath(path), os.path.realpath(path)):  # a symlinked venv needs both
+            if os.path.isdir(variant) and variant.startswith(hidden.rstrip("/") + "/"):
+                found.add(variant)
+    return sorted(found)
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_lease_holds_across_a_bubblewrap_sandbox(tmp_path, monkeypatch):
     locks = tmp_path / "locks"
@@ -522,9 +538,13 @@ def test_lease_holds_across_a_bubblewrap_sandbox(tmp_path, monkeypatch):
     command = _child_command(tmp_path, 0, 0.0, 0.3, log)
     # Later binds sit on top of earlier ones: the lock directory stays writable inside the
     # read-only test directory, as the verifier binds it.
-    sandbox = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-               "--ro-bind", str(tmp_path), str(tmp_path), "--bind", str(locks), str(locks),
-               "--unshare-net", "--die-with-parent"]
+    # The tmpfs hides whatever lives under /tmp, a virtual environment's Python or this checkout
+    # included: bind those back read-only, as the verifier's sandbox does.
+    sandbox = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for needed in _python_and_project_dirs_under("/tmp"):
+        sandbox += ["--ro-bind", needed, needed]
+    sandbox += ["--ro-bind", str(tmp_path), str(tmp_path), "--bind", str(locks), str(locks),
+                "--unshare-net", "--die-with-parent"]
     probe = subprocess.run(sandbox + ["true"], capture_output=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"bubblewrap cannot run here: {probe.stderr.decode()[:200]}")

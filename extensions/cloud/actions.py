@@ -1,10 +1,12 @@
 """The actions behind checkpoint_manager.py and resume_training.py, one function each.
 
 Each returns a process exit status: 0 when it did its job, 1 when something is left undone (the
-report says what), so run_pipeline.sh can tell a finished sync from a partial one.
+report says what), so run_pipeline.sh can tell a finished sync from a partial one. An S3 failure
+ends an action with one line naming the endpoint, the operation and the likely cause.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -12,10 +14,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..interrupt import SaveSignal
 from ..paths import RunPaths
+from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
 from .run_state import ResumePlan
 
@@ -39,6 +42,28 @@ def resolve_location(cfg, bucket: Optional[str], prefix: Optional[str], run_id: 
     return location_from_config(cfg, bucket=bucket, prefix=prefix, run_id=run_id)
 
 
+def reporting_s3_failures(action: Callable[..., int]) -> Callable[..., int]:
+    """An action that ends an S3 failure with one line on stderr (endpoint, operation, likely
+    cause) and exit status 1, instead of botocore's traceback; other errors pass through."""
+
+    @functools.wraps(action)
+    def run(cfg, *args, **kwargs) -> int:
+        try:
+            return action(cfg, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only S3 failures are caught, see below
+            if not is_s3_failure(exc):
+                raise
+            location = next((a for a in (*args, *kwargs.values()) if isinstance(a, S3Location)), None)
+            target = f"{action.__name__.replace('_', ' ')} {location.uri}" if location else action.__name__
+            endpoint = endpoint_of(make_s3_client(cfg.checkpoint))
+            print(f"error: {describe(exc, target, endpoint, location.bucket if location else None)}",
+                  file=sys.stderr, flush=True)
+            return 1
+
+    return run
+
+
+@reporting_s3_failures
 def setup(cfg, location: S3Location) -> int:
     from .bucket_setup import setup_bucket
 
@@ -49,6 +74,7 @@ def setup(cfg, location: S3Location) -> int:
     return 0
 
 
+@reporting_s3_failures
 def sync(cfg, paths: RunPaths, location: S3Location) -> int:
     from .s3_sync import CheckpointManager
 
@@ -57,6 +83,7 @@ def sync(cfg, paths: RunPaths, location: S3Location) -> int:
     return 0 if report.ok else 1
 
 
+@reporting_s3_failures
 def restore(cfg, paths: RunPaths, location: S3Location) -> int:
     from .restore import Restorer
 
@@ -69,12 +96,14 @@ def restore(cfg, paths: RunPaths, location: S3Location) -> int:
     return 0 if report.ok else 1
 
 
+@reporting_s3_failures
 def list_checkpoints(cfg, location: S3Location) -> int:
     from .restore import Restorer, format_checkpoint_table
 
     restorer = Restorer(cfg.checkpoint, RunPaths(Path(".").resolve()), location)
+    table = format_checkpoint_table(restorer.checkpoints())
     print(f"{location.uri}")
-    print(format_checkpoint_table(restorer.checkpoints()))
+    print(table)
     return 0
 
 
@@ -84,7 +113,7 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     emergency sync). With ``exit_with_parent`` it also stops (final sync) once the process that
     started it is gone, so a SIGKILLed run_pipeline.sh leaves no watcher behind."""
     from .s3_sync import CheckpointManager
-    from .spot_watcher import ImdsClient, InterruptionHandler, SpotNotice, SpotWatcher
+    from .spot_watcher import InterruptionHandler, SpotNotice, watcher_for
 
     settings = cfg.checkpoint
     save_signal = SaveSignal.for_run(paths)
@@ -92,8 +121,7 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
         log.info("cleared a save request left by an earlier, interrupted run")
     manager = CheckpointManager(settings, paths, location) if location is not None else None
     handler = InterruptionHandler(save_signal, manager, settings, paths.spot_interruption_report)
-    watcher = SpotWatcher(ImdsClient(settings.metadata_endpoint), settings.spot_poll_interval_s,
-                          handler.handle, settings.notice_deadline_s)
+    watcher, polling = watcher_for(settings, handler.handle)
     received: list[int] = []
     stop = threading.Event()
 
@@ -105,15 +133,20 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     signal.signal(signal.SIGTERM, on_signal)
     if manager is not None:
         manager.start()
-    watcher.start()
-    log.info("watching %s (spot notices from %s every %.0f s)%s", paths.root, settings.metadata_endpoint,
-             settings.spot_poll_interval_s, f", syncing to {location.uri}" if location else ", no S3 sync")
+    if watcher is not None:
+        watcher.start()
+        notices = f"spot notices from {settings.metadata_endpoint} every {settings.spot_poll_interval_s:.0f} s: {polling.reason}"
+    else:
+        notices = f"no metadata polling ({polling.reason}); SIGTERM still triggers a save"
+    log.info("watching %s (%s)%s", paths.root, notices,
+             f", syncing to {location.uri}" if location else ", no S3 sync")
     parent = os.getppid()
     while not stop.wait(0.5):
         if exit_with_parent and os.getppid() != parent:
             log.warning("the process that started this watcher is gone: stopping")
             break
-    watcher.stop(timeout=5)
+    if watcher is not None:
+        watcher.stop(timeout=5)
     if received and received[0] == signal.SIGTERM:
         if manager is not None:
             manager.stop(final_sync=False)

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from ..checkpoints import MANIFEST, atomic_write_text, is_complete, read_manifest
 from ..paths import RunPaths
+from .failures import likely_cause
 from .fingerprint import compute_fingerprint
 from .location import S3Location, chunk_bytes, make_s3_client, transfer_config
 from .remote_tree import ManifestReader, RemoteCheckpoint, checkpoint_of, list_objects, remote_checkpoints
@@ -96,7 +97,7 @@ class Restorer:
                 try:
                     self._restore_checkpoint(checkpoint, report, pool)
                 except Exception as exc:  # noqa: BLE001 - one bad checkpoint must not stop the rest
-                    report.failed.append(f"{checkpoint.rel_dir}: {type(exc).__name__}: {exc}")
+                    report.failed.append(f"{checkpoint.rel_dir}: {likely_cause(exc, self.location.bucket)}")
             results = pool.map(lambda item: self._restore_file(*item, report), sorted(loose.items()))
             for _ in self._progress(list(results), "restore files"):
                 pass
@@ -168,7 +169,7 @@ class Restorer:
                 report.bytes_downloaded += fp.size
         except Exception as exc:  # noqa: BLE001 - counted and reported
             with self._lock:
-                report.failed.append(f"{rel}: {type(exc).__name__}: {exc}")
+                report.failed.append(f"{rel}: {likely_cause(exc, self.location.bucket)}")
 
     def _stored_sha256(self, key: str) -> Optional[str]:
         head = self._call(lambda: self.client.head_object(Bucket=self.location.bucket, Key=key), f"head {key}")

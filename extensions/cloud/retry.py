@@ -9,6 +9,10 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+# The attribute naming the call (e.g. "list bucket") on the exception ``with_backoff`` gives up on,
+# so that the one-line report (failures.py) can say which operation failed.
+OPERATION_ATTRIBUTE = "s3_operation"
+
 # Errors no retry can fix: report them at once instead of backing off for minutes.
 _PERMANENT_CODES = (
     "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidBucketName",
@@ -16,7 +20,8 @@ _PERMANENT_CODES = (
 )
 
 
-def _chain(exc: BaseException):
+def error_chain(exc: BaseException):
+    """The exception, then its causes and contexts, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -29,7 +34,7 @@ def is_connection_error(exc: BaseException) -> bool:
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import HTTPClientError
 
-    for err in _chain(exc):
+    for err in error_chain(exc):
         if isinstance(err, (BotoConnectionError, HTTPClientError, ConnectionError, TimeoutError)):
             return True
         text = str(err)
@@ -39,7 +44,7 @@ def is_connection_error(exc: BaseException) -> bool:
 
 
 def is_permanent(exc: BaseException) -> bool:
-    for err in _chain(exc):
+    for err in error_chain(exc):
         code = getattr(err, "response", {}).get("Error", {}).get("Code") if hasattr(err, "response") else None
         if code in _PERMANENT_CODES:
             return True
@@ -57,8 +62,21 @@ def with_backoff(call: Callable[[], T], *, what: str, attempts: int, base_s: flo
             return call()
         except Exception as exc:  # noqa: BLE001 - boto3 raises many unrelated types
             if is_permanent(exc) or attempt == attempts or should_stop():
+                if not hasattr(exc, OPERATION_ATTRIBUTE):
+                    try:
+                        setattr(exc, OPERATION_ATTRIBUTE, what)
+                    except AttributeError:  # an exception type with __slots__: the report names less
+                        pass
+                if attempt > 1:
+                    log.info("%s failed after %d attempt(s): %s", what, attempt, _one_line(exc))
                 raise
             delay = min(cap_s, base_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            log.debug("%s failed (attempt %d/%d: %s); retrying in %.2f s", what, attempt, attempts, exc, delay)
+            log.info("%s failed (attempt %d/%d: %s); retrying in %.1f s", what, attempt, attempts,
+                     _one_line(exc), delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text[:160]}"

@@ -2,11 +2,16 @@
 
 A stage is done when its complete output exists: prepare when ``prepare_report.json`` and every
 processed file exist; SFT when ``sft/final`` is a complete checkpoint; RL when ``rl/final`` is;
-evaluation when ``outputs/compare.json`` exists. run_pipeline.sh and resume_training.py both ask
-this module, so "done" means the same thing to both.
+evaluation when ``outputs/compare.json`` exists. Given the run's config, done also means made with
+that config: prepare's report fingerprint matches the data inputs (else prepare runs again, as
+prepare_data.py would), evaluation's comparison names the adapters and eval settings of now (else it
+runs again, reusing generations by adapter content), and a training stage whose result was made
+with other settings is *stale* (``extensions.stage_freshness``): the run stops unless forced.
+run_pipeline.sh and resume_training.py both ask this module, so "done" means the same thing to both.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -16,6 +21,7 @@ from typing import Optional
 
 from ..checkpoints import is_complete, newest_complete, read_meta
 from ..paths import RunPaths
+from ..stage_freshness import Freshness, StaleResultError, stage_freshness
 
 STAGE_ORDER = ("prepare", "sft", "rl", "eval")
 
@@ -30,6 +36,7 @@ class RunState:
     missing_data: list[str] = field(default_factory=list)
     newest_sft: Optional[Path] = None
     newest_rl: Optional[Path] = None
+    stale: dict[str, Freshness] = field(default_factory=dict)  # training stages made with other settings
 
     def done(self, stage: str) -> bool:
         return {"prepare": self.prepared, "sft": self.sft_done, "rl": self.rl_done, "eval": self.evaluated}[stage]
@@ -48,9 +55,34 @@ def prepared_files(paths: RunPaths) -> list[Path]:
             paths.rl_tasks, paths.eval_tasks]
 
 
-def read_run_state(paths: RunPaths) -> RunState:
+def _prepare_up_to_date(paths: RunPaths, cfg) -> bool:
+    from ..data.pipeline import input_fingerprint, is_up_to_date
+    from ..data.sources import SourceError
+
+    try:
+        return is_up_to_date(paths.processed, input_fingerprint(cfg.data))
+    except (SourceError, OSError, ValueError):
+        return False  # a source that cannot be read: prepare runs and reports why
+
+
+def _comparison_current(paths: RunPaths, cfg) -> bool:
+    from ..evaluation.commands import comparison_inputs
+
+    try:
+        recorded = json.loads(paths.compare_json.read_text()).get("inputs")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return recorded == comparison_inputs(cfg, paths)
+
+
+def read_run_state(paths: RunPaths, cfg=None, force: bool = False) -> RunState:
+    """Stage status from the files; with ``cfg``, results made with other settings are not done.
+
+    A stale training stage raises StaleResultError (the message names what differs), unless
+    ``force``: then it is listed in ``stale`` and counts as not done.
+    """
     missing = [p.name for p in prepared_files(paths) if not p.is_file()]
-    return RunState(
+    state = RunState(
         root=paths.root,
         prepared=not missing,
         sft_done=is_complete(paths.final("sft")),
@@ -60,16 +92,53 @@ def read_run_state(paths: RunPaths) -> RunState:
         newest_sft=newest_complete(paths.stage_dir("sft")),
         newest_rl=newest_complete(paths.stage_dir("rl")),
     )
+    if cfg is None:
+        return state
+    state.prepared = state.prepared and _prepare_up_to_date(paths, cfg)
+    for stage in ("sft", "rl"):
+        if not state.prepared and stage == "sft":
+            continue  # the data is rebuilt first; the training stages are judged on it afterwards
+        if stage == "rl" and "sft" in state.stale:
+            state.stale["rl"] = Freshness("rl", paths.final("rl"), True, ["input sft adapter: retrained first"])
+            continue
+        freshness = stage_freshness(paths, cfg, stage)
+        if freshness.stale:
+            if not force:
+                raise StaleResultError(freshness.message("--force"))
+            state.stale[stage] = freshness
+    if "sft" in state.stale:
+        state.newest_sft = None  # retrained from its start
+    if "rl" in state.stale:
+        state.newest_rl = None
+    state.sft_done = state.sft_done and "sft" not in state.stale
+    state.rl_done = state.rl_done and "rl" not in state.stale and state.sft_done
+    state.evaluated = state.evaluated and state.rl_done and _comparison_current(paths, cfg)
+    return state
 
 
 LAUNCHER_ENV = "KERNEL_RL_TRAIN_LAUNCHER"
 
 
+def gpus_from_cuda_visible_devices(value: str) -> int:
+    """How many GPUs a CUDA_VISIBLE_DEVICES value exposes: CUDA takes the comma-separated entries
+    (indices, GPU-/MIG- UUIDs) up to the first invalid one, so "0,-1,2" exposes one GPU, "" none."""
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-") or not (entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-"))):
+            break
+        count += 1
+    return count
+
+
 def visible_gpus() -> int:
-    """GPUs nvidia-smi lists (0 without a driver); no torch import, so it is instant."""
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when it is set, else the GPUs ``nvidia-smi -L``
+    lists (0 without a driver). No torch import, so it is instant."""
     import shutil
     import subprocess
 
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return gpus_from_cuda_visible_devices(os.environ["CUDA_VISIBLE_DEVICES"])
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
@@ -79,12 +148,15 @@ def visible_gpus() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
-def training_launcher(python: str) -> list[str]:
-    """How training stages start: $KERNEL_RL_TRAIN_LAUNCHER if set, ``accelerate launch`` with one
-    process per GPU when there are several (data parallel), else the plain interpreter."""
+def training_launcher(python: str, device_map: Optional[str] = None) -> list[str]:
+    """How training stages start: $KERNEL_RL_TRAIN_LAUNCHER if set; the plain interpreter when
+    ``model.device_map`` is set (one process shards the model over every GPU); else ``accelerate
+    launch`` with one process per GPU when there are several (data parallel)."""
     override = os.environ.get(LAUNCHER_ENV)
     if override:
         return shlex.split(override)
+    if device_map:
+        return [python]
     gpus = visible_gpus()
     if gpus > 1:
         return [python, "-m", "accelerate.commands.launch", "--num_processes", str(gpus)]
@@ -144,23 +216,31 @@ def _index(checkpoint: Path, key: str):
     return value if value is not None else checkpoint.name
 
 
-def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str]) -> ResumePlan:
-    state = read_run_state(paths)
+def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str], cfg=None,
+                force: bool = False) -> ResumePlan:
+    """The stages still to run and their commands; a stale stage stops the plan unless ``force``,
+    which retrains it (``--force``) and everything after it."""
+    state = read_run_state(paths, cfg, force=force)
     stages = [stage for stage in STAGE_ORDER if not state.done(stage)]
     resume_from, position = _position(state)
-    launcher = training_launcher(python) if {"sft", "rl"} & set(stages) else None
-    commands = [stage_command(stage, python, scripts_dir, config_args, launcher) for stage in stages]
+    launcher = training_launcher(python, cfg.model.device_map if cfg is not None else None) if {"sft", "rl"} & set(stages) else None
+    commands = [stage_command(stage, python, scripts_dir, config_args, launcher)
+                + (["--force"] if stage in state.stale else []) for stage in stages]
     return ResumePlan(state, stages, commands, resume_from, position)
 
 
-def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None) -> str:
+def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None, cfg=None) -> str:
     """``NAME=value`` lines for ``eval`` in run_pipeline.sh: stage status and where things are."""
     values = {
+        "CONFIG_FILE": (cfg.source or "") if cfg is not None else "",
+        "CONFIG_REASON": (cfg.source_reason or "") if cfg is not None else "",
         "RUN_ROOT": state.root,
         "PREPARE_DONE": int(state.prepared),
         "SFT_DONE": int(state.sft_done),
         "RL_DONE": int(state.rl_done),
         "EVAL_DONE": int(state.evaluated),
+        "SFT_STALE": int("sft" in state.stale),
+        "RL_STALE": int("rl" in state.stale),
         "DATA_DIR": paths.processed,
         "SFT_FINAL": paths.final("sft"),
         "RL_FINAL": paths.final("rl"),
@@ -168,6 +248,6 @@ def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = 
         "OUTPUTS_DIR": paths.outputs,
         "LOGS_DIR": paths.logs,
         "S3_URI": s3_uri or "",
-        "TRAIN_LAUNCHER": shlex.join(training_launcher(sys.executable)),
+        "TRAIN_LAUNCHER": shlex.join(training_launcher(sys.executable, cfg.model.device_map if cfg is not None else None)),
     }
     return "\n".join(f"{name}={shlex.quote(str(value))}" for name, value in values.items())

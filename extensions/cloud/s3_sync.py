@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from ..checkpoints import MANIFEST, is_complete, read_manifest
 from ..paths import RunPaths, checkpoint_index
+from .failures import describe, endpoint_of, likely_cause
 from .fingerprint import Fingerprint, FingerprintCache
 from .location import S3Location, chunk_bytes, make_s3_client, transfer_config
 from .remote_tree import CHECKPOINTS_DIR, ManifestReader, RemoteObject, list_objects, remote_checkpoints
@@ -230,7 +231,7 @@ class CheckpointManager:
             self._sync(report, deadline_unix, prune)
         except Exception as exc:  # noqa: BLE001 - a sync round must never take the run down
             report.endpoint_down = report.endpoint_down or is_connection_error(exc)
-            report.error = f"{type(exc).__name__}: {exc}"
+            report.error = describe(exc, "sync", endpoint_of(self.client), self.location.bucket)
         report.duration_s = time.time() - report.started_unix
         self.last_report = report
         log.info("S3 %s", report.summary())
@@ -361,7 +362,7 @@ class CheckpointManager:
             return False
         except Exception as exc:  # noqa: BLE001 - reported, retried next round
             with self._counters_lock:
-                report.failed.append(f"{rel}: {type(exc).__name__}: {exc}")
+                report.failed.append(f"{rel}: {likely_cause(exc, self.location.bucket)}")
                 if is_connection_error(exc):
                     report.endpoint_down = True
                     self._abort_round.set()

@@ -3,7 +3,8 @@
 ``ImdsClient`` asks the EC2 instance metadata service the IMDSv2 way: PUT ``/latest/api/token``
 with ``X-aws-ec2-metadata-token-ttl-seconds``, then GET ``/latest/meta-data/spot/instance-action``
 with ``X-aws-ec2-metadata-token``; 404 means no notice. ``SpotWatcher`` polls it from a thread and
-never dies of an unreachable service (not on EC2): it says so once and keeps polling quietly.
+never dies of an unreachable service: it says so once and keeps polling quietly. ``watcher_for``
+starts one only where the machine is an EC2 instance, or where the config forces it (ec2_detect.py).
 
 ``InterruptionHandler`` turns a notice (or SIGTERM) into: a save request through ``SaveSignal``
 (its flag file reaches a trainer in another process), a bounded wait for the trainer's
@@ -25,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from ..checkpoints import atomic_write_json
 from ..interrupt import SaveSignal
+from .ec2_detect import SpotPolling, spot_polling
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,18 @@ class SpotWatcher:
             except Exception:  # noqa: BLE001 - the watcher outlives any single failure
                 log.exception("spot watcher: handling a poll failed; still watching")
             self._stop.wait(self.poll_interval_s)
+
+
+def watcher_for(settings, on_notice: Callable[[SpotNotice], Any],
+                sys_root: Path = Path("/sys")) -> tuple[Optional[SpotWatcher], SpotPolling]:
+    """The watcher that ``settings`` (the ``checkpoint`` section) asks for on this machine: None
+    where the metadata service is not to be polled (``spot_watch`` off, or auto off EC2)."""
+    polling = spot_polling(settings.spot_watch, sys_root)
+    if not polling.enabled:
+        return None, polling
+    watcher = SpotWatcher(ImdsClient(settings.metadata_endpoint), settings.spot_poll_interval_s,
+                          on_notice, settings.notice_deadline_s)
+    return watcher, polling
 
 
 @dataclass

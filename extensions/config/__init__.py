@@ -3,22 +3,26 @@
     cfg = load_config("configs/smoke.yaml", ["rl.num_rounds=2"])
 
 Scripts add the shared flags with ``add_config_args`` and turn parsed arguments into a config with
-``config_from_args``: ``--config FILE``, ``--smoke`` (configs/smoke.yaml) and any number of
-``--set section.key=value``.
+``config_from_args`` (``extensions.config.cli``): ``--config FILE``, ``--smoke`` (configs/smoke.yaml),
+any number of ``--set section.key=value`` and ``--print-config``. Without ``--config``/``--smoke``
+every stage script takes the config ``extensions.config.machine.default_config`` picks (production
+with a CUDA GPU, smoke without); other tools (the verifier CLI) read configs/default.yaml.
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .loader import ConfigError, build, override, to_dict
+from .cli import add_config_args, announce_config, config_from_args, config_yaml
+from .loader import ConfigError, ConfigHelpRequested, build, override, to_dict, yaml_load
+from .machine import DEFAULT_CONFIG, PROJECT_ROOT, SMOKE_CONFIG, default_config
 from .sections import (
     CheckpointConfig,
     CurriculumConfig,
     DataConfig,
     EvalConfig,
+    LoggingConfig,
     LoraConfig,
     ModelConfig,
     RLConfig,
@@ -26,10 +30,6 @@ from .sections import (
     SFTConfig,
     VerifierConfig,
 )
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-SMOKE_CONFIG = PROJECT_ROOT / "configs" / "smoke.yaml"
 
 
 @dataclass
@@ -43,8 +43,11 @@ class PipelineConfig:
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # The file this config came from, so checkpoints can name it in meta.json.
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # The file this config came from, so checkpoints can name it in meta.json, and why that file
+    # was taken when the command line named none (see extensions.config.machine).
     source: Optional[str] = None
+    source_reason: Optional[str] = None
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> PipelineConfig:
@@ -55,13 +58,16 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{line}: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
-    if "source" in data:
-        raise ConfigError(f"{path}: 'source' is set by the loader, not by the file")
+    for reserved in ("source", "source_reason"):
+        if reserved in data:
+            raise ConfigError(f"{path}: '{reserved}' is set by the loader, not by the file")
     try:
         cfg = build(PipelineConfig, data)
     except ConfigError as exc:
@@ -72,25 +78,9 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     return cfg
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("configuration")
-    group.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
-    group.add_argument("--smoke", action="store_true", help="use configs/smoke.yaml (CPU, small model)")
-    group.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-        help="override one config value, e.g. --set rl.num_rounds=3 (repeatable)",
-    )
-
-
-def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = ()) -> PipelineConfig:
-    if args.config and args.smoke:
-        raise ConfigError("give --config or --smoke, not both")
-    path = SMOKE_CONFIG if args.smoke else args.config
-    return load_config(path, [*args.overrides, *extra_overrides])
-
-
 __all__ = [
-    "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoraConfig",
+    "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "PipelineConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
-    "add_config_args", "config_from_args", "load_config", "to_dict", "build", "override",
+    "ConfigHelpRequested", "add_config_args", "announce_config", "config_from_args", "config_yaml",
+    "load_config", "to_dict", "build", "override", "yaml_load", "DEFAULT_CONFIG", "SMOKE_CONFIG", "default_config",
 ]

@@ -8,16 +8,50 @@ being ignored for an eight-hour run.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import types
 import typing
 from typing import Any, Literal, Union
+
+# YAML 1.2 (core schema) floats: unlike PyYAML's YAML 1.1 resolver, the mantissa needs no dot and
+# the exponent sign is optional, so `1e-4` and `5E3` are numbers as in every other YAML/JSON tool.
+YAML12_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
 
 
 class ConfigError(ValueError):
     """A config file or override that does not match the typed config."""
 
 
+class ConfigHelpRequested(Exception):
+    """``--set SECTION.help``: not an error; ``str(exc)`` is the text to print."""
+
+
+def _yaml_loader():
+    import yaml
+
+    class Yaml12NumberLoader(yaml.SafeLoader):
+        """SafeLoader reading numbers by YAML 1.2 rules."""
+
+    Yaml12NumberLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT, list("-+0123456789."))
+    return Yaml12NumberLoader
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` with YAML 1.2 number rules (``1e-4`` is a float)."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())
+
+
 def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -69,6 +103,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and YAML12_FLOAT.match(value.strip()):
+            return float(value.strip().replace(".inf", "inf").replace(".Inf", "inf").replace(".INF", "inf")
+                         .replace(".nan", "nan").replace(".NaN", "nan").replace(".NAN", "nan"))
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -84,11 +121,7 @@ def build(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        prefix = f"{where}." if where else ""
-        raise ConfigError(
-            f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; "
-            f"{cls.__name__} accepts: {', '.join(sorted(names))}"
-        )
+        raise ConfigError(unknown_key_message(cls, where, unknown[0]))
     kwargs = {}
     for name, value in data.items():
         kwargs[name] = _coerce(value, hints[name], f"{where}.{name}" if where else name)
@@ -99,22 +132,28 @@ def override(cfg: Any, assignment: str) -> None:
     """Apply one ``section.key=value`` override in place; the value is parsed as YAML."""
     import yaml
 
-    if "=" not in assignment:
-        raise ConfigError(f"override {assignment!r} must look like section.key=value")
-    dotted, raw = assignment.split("=", 1)
-    parts = dotted.strip().split(".")
-    target = cfg
-    for i, part in enumerate(parts[:-1]):
-        if not dataclasses.is_dataclass(target) or part not in {f.name for f in dataclasses.fields(target)}:
-            raise ConfigError(f"override {dotted!r}: no config section {'.'.join(parts[: i + 1])!r}")
+    dotted = assignment.split("=", 1)[0].strip()
+    parts = dotted.split(".")
+    target, where = cfg, ""
+    for part in parts[:-1]:
+        if not dataclasses.is_dataclass(target) or part not in _field_names(target):
+            raise ConfigError(unknown_key_message(type(target), where, part, override=True))
         target = getattr(target, part)
+        where = f"{where}.{part}" if where else part
     key = parts[-1]
-    if not dataclasses.is_dataclass(target) or key not in {f.name for f in dataclasses.fields(target)}:
-        raise ConfigError(f"override {dotted!r}: unknown config key")
+    if key == "help" and "=" not in assignment:
+        raise ConfigHelpRequested(describe_section(target, where))
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r} must look like section.key=value "
+                          f"(--set SECTION.help lists a section's keys)")
+    raw = assignment.split("=", 1)[1]
+    if not dataclasses.is_dataclass(target) or key not in _field_names(target):
+        raise ConfigError(unknown_key_message(type(target), where, key, override=True))
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {dotted!r}: value {raw!r} is not valid YAML ({exc})") from exc
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"--set {dotted}: value {raw!r} is not valid YAML ({first_line})") from None
     hint = typing.get_type_hints(type(target))[key]
     if hint is str and not isinstance(value, str):
         value = raw  # `--set model.name_or_path=123` means the string
@@ -123,3 +162,74 @@ def override(cfg: Any, assignment: str) -> None:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def _field_names(cls_or_obj: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls_or_obj)] if dataclasses.is_dataclass(cls_or_obj) else []
+
+
+def _dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every settable dotted key below ``cls`` (nested sections expanded)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for name in _field_names(cls):
+        dotted = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hints[name]):
+            keys += _dotted_keys(hints[name], dotted + ".")
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _root_of(cls: type) -> type:
+    """The top-level config class, so a near miss in one section can point at a key in another."""
+    from . import PipelineConfig
+
+    return PipelineConfig if cls in _section_classes(PipelineConfig) else cls
+
+
+def _section_classes(cls: type) -> set[type]:
+    found = {cls}
+    hints = typing.get_type_hints(cls)
+    for name in _field_names(cls):
+        if dataclasses.is_dataclass(hints[name]):
+            found |= _section_classes(hints[name])
+    return found
+
+
+def nearest_key(cls: type, where: str, key: str) -> str | None:
+    """The valid dotted key(s) closest to ``where.key``: same section first, then the whole config."""
+    dotted = f"{where}.{key}" if where else key
+    # `--set learning_rate=...` or a key under the wrong section: the same name in other sections.
+    elsewhere = [k for k in _dotted_keys(_root_of(cls)) if k.rsplit(".", 1)[-1] == key and k != dotted]
+    same_section = [f"{where}.{name}" if where else name for name in _field_names(cls)]
+    match = difflib.get_close_matches(dotted, same_section, n=1, cutoff=0.6)
+    if match:
+        return match[0]
+    if elsewhere:
+        return " or ".join(elsewhere)
+    match = difflib.get_close_matches(dotted, _dotted_keys(_root_of(cls)), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+def unknown_key_message(cls: type, where: str, key: str, override: bool = False) -> str:
+    dotted = f"{where}.{key}" if where else key
+    what = "section or key" if not where else "key"
+    guess = nearest_key(cls, where, key)
+    hint = f" (did you mean {guess}?)" if guess else ""
+    listing = f"--set {where}.help" if where else "--set help"
+    return f"unknown config {what} {dotted}{hint}; {listing} lists the valid keys"
+
+
+def describe_section(section: Any, where: str) -> str:
+    """The keys of one section with their types and current values, for ``--set SECTION.help``."""
+    hints = typing.get_type_hints(type(section))
+    title = f"keys of section {where}" if where else "config sections"
+    lines = [f"{title} (set with --set {where + '.' if where else ''}KEY=VALUE):"]
+    for name in _field_names(section):
+        value = getattr(section, name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"  {name}: (section; --set {where + '.' if where else ''}{name}.help)")
+        else:
+            lines.append(f"  {name}: {_type_name(hints[name])} = {value!r}")
+    return "\n".join(lines)

@@ -6,7 +6,7 @@ overrides what a CPU run needs. Each stage owns the fields of its own section.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 
 @dataclass
@@ -104,6 +104,9 @@ class RewardWeightsConfig:
 
 @dataclass
 class RLConfig:
+    # What the first round's policy is: the SFT stage's final adapter (required), or the base model
+    # with a fresh LoRA adapter.
+    init: Literal["sft", "base"] = "sft"
     num_rounds: int = 10
     tasks_per_round: int = 32
     samples_per_task: int = 10  # N of Best-of-N
@@ -220,6 +223,10 @@ class CheckpointConfig:
     sync_interval_s: float = 600.0
     keep_last: int = 3
     sync_dirs: list[str] = field(default_factory=lambda: ["checkpoints", "data", "outputs", "logs"])
+    # Poll the instance metadata service for spot notices: auto (only where /sys says this is an
+    # EC2 instance), on (always, e.g. in a container that hides /sys), off (never; SIGTERM still works).
+    # YAML 1.1 reads a bare on/off as true/false: both spellings are accepted.
+    spot_watch: Union[Literal["auto", "on", "off"], bool] = "auto"
     spot_poll_interval_s: float = 5.0
     metadata_endpoint: str = "http://169.254.169.254"
     upload_concurrency: int = 16  # threads per file (multipart parts in flight)
@@ -232,3 +239,12 @@ class CheckpointConfig:
     notice_deadline_s: float = 120.0  # when a notice has no parseable `time`, and for SIGTERM
     save_ack_timeout_s: float = 60.0  # longest wait for the trainer to confirm the requested save
     emergency_reserve_s: float = 30.0  # time before the deadline kept for the emergency sync
+
+
+@dataclass
+class LoggingConfig:
+    """Where training metrics go besides logs/<stage>_metrics.jsonl (always written)."""
+
+    # Experiment trackers, through accelerate: tensorboard (logs/tensorboard/<stage>), wandb, mlflow.
+    # wandb and mlflow are not dependencies: install the package of the one you name. [] = JSONL only.
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])

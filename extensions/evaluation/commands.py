@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..checkpoints import META, atomic_write_json, is_complete
+from ..checkpoints import META, adapter_content_hash, atomic_write_json, is_complete
 from ..paths import RunPaths
+from ..training.activity import rl_activity
 from .compare import compare_reports, write_comparison
-from .inputs import InputError, load_tasks, read_generations
+from .inputs import GenerationsFile, InputError, load_tasks, read_generations
+from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
@@ -26,6 +28,8 @@ COMPARED_MODELS = ("base", "sft", "rl")
 # out of memory): that model is skipped and reported.
 MODEL_FAILURES = (InputError, OSError, RuntimeError, ValueError, ImportError)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A local directory is a model when it holds one of these (full weights' config or a LoRA adapter).
+MODEL_MARKERS = ("config.json", "adapter_config.json")
 
 
 class UsageError(ValueError):
@@ -81,6 +85,9 @@ def missing_model_reason(model_path: str, *, must_be_local: bool) -> Optional[st
             return f"{path} is not a model directory"
         if (path / META).is_file() and not is_complete(path):
             return f"{path} is an incomplete checkpoint (no valid manifest.json: it was still being written)"
+        if not any((path / name).is_file() for name in MODEL_MARKERS) and not any(path.glob("*.gguf")):
+            return (f"{path} is not a model directory: it holds no {' or '.join(MODEL_MARKERS)} "
+                    "and no .gguf file")
         return None
     if not must_be_local and (model_path.startswith("pkg:") or _HUB_ID.match(model_path)):
         return None  # a hub id or an installed package: loading will tell
@@ -123,8 +130,12 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
                    device: Optional[str], progress: bool = True) -> tuple[dict, Path]:
     """Generate (or reuse), verify and report one model; returns the report and where it was written."""
     generations_path = outputs.generations(name)
-    generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path, progress=progress,
-                                     workers=cfg.eval.generation_workers)
+    try:
+        generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path,
+                                         progress=progress, workers=cfg.eval.generation_workers)
+    except MODEL_FAILURES:
+        _remove_if_header_only(generations_path)  # nothing generated: leave no file that looks like a result
+        raise
     selected = {t.task_id for t in tasks}
     outside = sum(1 for row in generations.rows if row.task_id not in selected)
     if outside:
@@ -136,11 +147,20 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
     report = build_report(
         name=name, model_path=model_path, tasks_file=tasks_file, generations_file=generations_path,
         generations_header=generations.header, device=resolved, verifier_cfg=cfg.verifier, outcome=outcome,
-        input_issues=[*task_issues, *generations.issues], config_source=cfg.source,
+        input_issues=[*task_issues, *generations.issues], config_source=cfg.source, config=cfg,
     )
     report_path = outputs.eval_report(name)
     atomic_write_json(report_path, report)
     return report, report_path
+
+
+def _remove_if_header_only(generations_path: Path) -> None:
+    try:
+        saved = read_generations(generations_path)
+    except (InputError, OSError):
+        return
+    if not saved.rows and not saved.issues:
+        generations_path.unlink(missing_ok=True)
 
 
 def run_single_model(args, cfg) -> int:
@@ -158,10 +178,12 @@ def run_single_model(args, cfg) -> int:
     except VerificationError:
         raise  # exit status 1, handled in run_command
     except MODEL_FAILURES as exc:
-        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {exc}")
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}")
         return EXIT_SKIPPED
     summarize(report, path)
-    return EXIT_OK if report["complete"] else EXIT_SKIPPED
+    export_complete = export_generations(args, read_generations(outputs.generations(name)), tasks)
+    return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
 
 
 def run_from_generations(args, cfg) -> int:
@@ -170,7 +192,8 @@ def run_from_generations(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     tasks_file = Path(args.tasks) if args.tasks else outputs.paths.eval_tasks
     tasks, task_issues = load_tasks(tasks_file)
-    generations = read_generations(Path(args.from_generations))
+    source = Path(args.from_generations)
+    generations = read_kernelbench_run(source, tasks) if source.is_dir() else read_generations(source)
     if not generations.rows:
         raise InputError(f"{args.from_generations}: no generation rows"
                          + (f" ({len(generations.issues)} bad lines)" if generations.issues else ""))
@@ -180,12 +203,24 @@ def run_from_generations(args, cfg) -> int:
         name=args.name, model_path=(generations.header or {}).get("model_path"), tasks_file=tasks_file,
         generations_file=Path(args.from_generations), generations_header=generations.header, device=device,
         verifier_cfg=cfg.verifier, outcome=outcome, input_issues=[*task_issues, *generations.issues],
-        config_source=cfg.source,
+        config_source=cfg.source, config=cfg,
     )
     path = outputs.eval_report(args.name)
     atomic_write_json(path, report)
     summarize(report, path)
-    return EXIT_OK if report["complete"] else EXIT_SKIPPED
+    export_complete = export_generations(args, generations, tasks)
+    return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
+
+
+def export_generations(args, generations: GenerationsFile, tasks: Sequence[EvalTask]) -> bool:
+    """``--export-kernelbench DIR``: the generations in KernelBench's run-folder layout. False when
+    some samples could not be written (reported)."""
+    if not args.export_kernelbench:
+        return True
+    summary = export_kernelbench_run(generations, tasks, Path(args.export_kernelbench))
+    print(summary.describe())
+    _print_issues("not written", summary.skipped)
+    return not summary.skipped
 
 
 def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, bool]]:
@@ -195,6 +230,26 @@ def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, boo
         ("sft", args.sft or str(paths.final("sft")), True),
         ("rl", args.rl or str(paths.final("rl")), True),
     ]
+
+
+def comparison_inputs(cfg, paths: RunPaths) -> dict[str, Any]:
+    """What the default comparison of a run depends on (eval settings, tasks, the three models by
+    content); compare.json records it so the pipeline redoes a comparison made of other inputs."""
+    from ..config.fingerprint import stage_fingerprint
+    from ..stage_freshness import file_sha256
+    from .generation_cache import model_identity
+
+    return {
+        "eval": stage_fingerprint(cfg, "eval"),
+        "eval_tasks": file_sha256(paths.eval_tasks),
+        "models": {"base": model_identity(cfg.model.name_or_path, cfg.model),
+                   **{stage: adapter_content_hash(paths.final(stage)) for stage in ("sft", "rl")}},
+    }
+
+
+def _default_comparison(args) -> bool:
+    return not any((args.base, args.sft, args.rl, args.tasks, args.output_dir, args.num_tasks is not None,
+                    args.level is not None, args.samples_per_task is not None))
 
 
 def run_compare(args, cfg) -> int:
@@ -221,6 +276,9 @@ def run_compare(args, cfg) -> int:
             skipped.append({"name": name, "model_path": model_path, "reason": reason})
     comparison = compare_reports(reports, bootstrap_samples=cfg.eval.bootstrap_samples, seed=cfg.eval.seed,
                                  skipped_models=skipped)
+    # Whether RL really ran (candidates in the sandbox, optimizer steps), next to what it achieved.
+    comparison["rl_activity"] = rl_activity(outputs.paths).to_json()
+    comparison["inputs"] = comparison_inputs(cfg, outputs.paths) if _default_comparison(args) else None
     write_comparison(comparison, reports, json_path=outputs.compare_json, md_path=outputs.compare_md,
                      png_path=outputs.compare_png)
     print(f"comparison of {', '.join(reports) or 'no model'}: {outputs.compare_md}")
@@ -229,12 +287,17 @@ def run_compare(args, cfg) -> int:
 
 
 def run_command(args) -> int:
-    """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2."""
-    from ..config import ConfigError, config_from_args
+    """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2.
+
+    Config errors, ``--print-config`` and Ctrl-C are left to the caller (``extensions.entry_point``);
+    the run lock is taken for the run whose outputs/ are written.
+    """
+    from ..entry_point import start_config
+    from ..run_lock import lock_run
 
     try:
         modes = [bool(args.model_path), bool(args.from_generations), bool(args.compare)]
-        if sum(modes) != 1:
+        if sum(modes) != 1 and not getattr(args, "print_config", False):
             raise UsageError("give exactly one of --model_path, --from_generations, --compare")
         if args.samples_per_task is not None and args.samples_per_task < 1:
             raise UsageError("--samples_per_task must be at least 1")
@@ -242,13 +305,17 @@ def run_command(args) -> int:
             raise UsageError("--level, --num_tasks and --samples_per_task do not apply to --from_generations")
         if not args.compare and (args.base or args.sft or args.rl):
             raise UsageError("--base/--sft/--rl only apply to --compare")
-        cfg = config_from_args(args)
+        if args.compare and args.export_kernelbench:
+            raise UsageError("--export-kernelbench applies to --model_path or --from_generations (one model)")
+        cfg = start_config(args, "evaluate")
+        if args.output_dir is None:
+            lock_run(RunPaths.from_config(cfg))
         if args.compare:
             return run_compare(args, cfg)
         if args.from_generations:
             return run_from_generations(args, cfg)
         return run_single_model(args, cfg)
-    except (UsageError, ConfigError, InputError) as exc:
+    except (UsageError, InputError) as exc:
         print(f"error: {exc}")
         return EXIT_USAGE
     except VerificationError as exc:

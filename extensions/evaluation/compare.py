@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..checkpoints import atomic_write_json, atomic_write_text
+from ..training.activity import RLActivity
 from .metrics import FUNNEL_STAGES
 from .stats import paired_bootstrap
 
@@ -118,6 +119,9 @@ def render_markdown(comparison: dict[str, Any]) -> str:
                 verdict = "**yes**" if d["significant"] else "not significant (CI contains 0)"
             lines.append(f"| {d['candidate']} − {d['baseline']} | {d['label']} | {_fmt(d['mean'], signed=True)} | "
                          f"{ci} | {verdict} |")
+    if comparison.get("rl_activity"):
+        lines += ["", "## What RL did", ""]
+        lines += [f"- {line.strip()}" for line in RLActivity(**comparison["rl_activity"]).describe()]
     if comparison["skipped_models"]:
         lines += ["", "## Skipped models", ""]
         lines += [f"- **{s['name']}** ({s.get('model_path')}): {s['reason']}" for s in comparison["skipped_models"]]

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .generation_cache import pending_tasks, write_rows
 from .inputs import Generation, GenerationsFile, generation_row, read_generations
 from .metrics import compute_metrics
 from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord
@@ -62,76 +63,10 @@ class VerificationError(RuntimeError):
 # generation
 
 
-def _header(model_path: str, settings: EvalSettings) -> dict[str, Any]:
-    return {
-        "model_path": model_path,
-        "sampling": settings.sampling_key(),
-        "prompt": "extensions.prompts.build_messages",
-        "created_unix": time.time(),
-    }
-
-
-def _same_settings(header: Optional[dict], model_path: str, settings: EvalSettings) -> bool:
-    return bool(header) and header.get("model_path") == model_path and header.get("sampling") == settings.sampling_key()
-
-
-def _write_rows(path: Path, header: dict, rows: Sequence[dict], mode: str) -> None:
-    """Write (or append) rows in one locked write: generation workers append to the same file."""
-    import fcntl
-
-    lines = ([json.dumps({"header": header})] if header is not None else []) + [json.dumps(row) for row in rows]
-    text = "".join(line + "\n" for line in lines)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, mode, encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _chunk_seed(base_seed: int, chunk: Sequence[EvalTask]) -> int:
     # Tied to the chunk's first task, not to its position, so every model sees the same seeds for
     # the same tasks and a resumed run seeds its remaining chunks as a fresh run would.
     return (base_seed + zlib.crc32(chunk[0].task_id.encode())) % (2**31 - 1)
-
-
-def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
-                  settings: EvalSettings, log=print) -> list[EvalTask]:
-    """Tasks still to generate; prepares ``path`` so that new rows can be appended to it.
-
-    Saved rows are reused when the file's header names the same model and sampling settings; rows
-    of tasks that have fewer than ``samples_per_task`` samples (a crash mid-chunk) are dropped and
-    those tasks generated again. A file with other settings is kept as ``<name>.old``.
-    """
-    path = Path(path)
-    header = _header(model_path, settings)
-    if not path.is_file():
-        _write_rows(path, header, [], "w")
-        return list(tasks)
-    saved = read_generations(path)
-    if not _same_settings(saved.header, model_path, settings):
-        old = path.with_name(path.name + ".old")
-        os.replace(path, old)
-        log(f"{path} was generated with other settings (or has no header); moved to {old}, generating anew")
-        _write_rows(path, header, [], "w")
-        return list(tasks)
-    for issue in saved.issues:
-        log(f"reusing {path}: {issue}")
-    counts = Counter(row.task_id for row in saved.rows)
-    complete = {task_id for task_id, n in counts.items() if n >= settings.samples_per_task}
-    kept = [row for row in saved.rows if row.task_id in complete]
-    if len(kept) != len(saved.rows) or saved.issues:
-        # Rewrite without partial tasks or broken lines so the appended rows are not duplicated.
-        rows = [{"task_id": r.task_id, "sample": r.sample, "response": r.response or ""} for r in kept]
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        _write_rows(tmp, saved.header, rows, "w")
-        os.replace(tmp, path)
-    pending = [t for t in tasks if t.task_id not in complete]
-    log(f"reusing saved generations for {len(tasks) - len(pending)} of {len(tasks)} tasks from {path}")
-    return pending
 
 
 def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings, model_cfg,
@@ -142,7 +77,7 @@ def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: Eva
     ``workers``: generation processes, one per GPU (0: one per visible GPU unless ``model_cfg``
     shards one model over all of them with ``device_map``).
     """
-    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log)
+    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log, model_cfg=model_cfg)
     if todo:
         if settings.samples_per_task > 1 and settings.temperature == 0:
             log("warning: several samples per task with temperature 0 (greedy) are identical; pass@k>1 "
@@ -233,7 +168,7 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
             )
             rows = [generation_row(task, i, text) for task, texts in zip(chunk, responses)
                     for i, text in enumerate(texts)]
-            _write_rows(path, None, rows, "a")
+            write_rows(path, None, rows, "a")
             bar.update(len(chunk))
         bar.close()
     finally:
@@ -355,15 +290,23 @@ def timing_status(device: str, verifier_cfg, records: Sequence[TaskRecord]) -> t
 
 def build_report(*, name: str, model_path: Optional[str], tasks_file: Path, generations_file: Path,
                  generations_header: Optional[dict], device: str, verifier_cfg, outcome: VerificationOutcome,
-                 input_issues: Sequence[str], config_source: Optional[str]) -> dict[str, Any]:
+                 input_issues: Sequence[str], config_source: Optional[str], config=None) -> dict[str, Any]:
+    """The evaluation report; ``config`` (the run's PipelineConfig) is stored in full with its fingerprints."""
+    from ..config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
+    from ..stage_freshness import file_sha256
+
     timing, reason = timing_status(device, verifier_cfg, outcome.records)
     skipped_rows = [*input_issues, *outcome.skipped_rows]
     report = {
         "report_version": REPORT_VERSION,
         "name": name,
         "model_path": model_path,
-        "config": config_source,
+        "config_file": config.source if config is not None else config_source,
+        "config": resolved_dict(config) if config is not None else None,
+        "config_fingerprint": config_fingerprint(config) if config is not None else None,
+        "eval_fingerprint": stage_fingerprint(config, "eval") if config is not None else None,
         "tasks_file": str(tasks_file),
+        "tasks_file_sha256": file_sha256(tasks_file),
         "generations_file": str(generations_file),
         "generation": generations_header,
         "verification": {"device": device, "timing": timing, "no_timing_reason": reason},

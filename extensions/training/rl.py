@@ -127,11 +127,12 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     resume_dir = checkpoints.newest_complete(paths.stage_dir("rl"))
     sft_final = paths.final("sft")
     start_from: Optional[Path] = resume_dir
-    if resume_dir is None and checkpoints.is_complete(sft_final):
+    if resume_dir is None and rl.init == "sft":
+        if not checkpoints.is_complete(sft_final):
+            raise ValueError(f"no complete SFT adapter at {sft_final}; run the SFT stage first or set rl.init: base")
         start_from = sft_final
     elif resume_dir is None and dist.is_main:
-        print(f"[rl] warning: no complete SFT adapter at {sft_final}; RL starts from the base model with a fresh LoRA",
-              flush=True)
+        print("[rl] rl.init is base: RL starts from the base model with a fresh LoRA", flush=True)
     model = prepare_trainable_model(cfg, dist, resume_from=start_from, gradient_checkpointing=cfg.sft.gradient_checkpointing)
     settings = _rl_settings(cfg)
     trainer = AdapterTrainer(model, dist, settings, pad_token_id=tokenizer.pad_token_id, total_steps=0)
@@ -152,7 +153,8 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     if verify_fn is None:
         verify_fn = make_verify_fn(cfg.verifier, dist.verifier_device(cfg.verifier.device), progress=progress)
     ctx = RoundContext(cfg, paths, dist, tokenizer, verify_fn, save_signal, progress)
-    metrics = MetricsLogger.for_stage(paths, "rl", enabled=dist.is_main)
+    metrics = MetricsLogger.for_stage(paths, "rl", enabled=dist.is_main, report_to=cfg.logging.report_to,
+                                      project=cfg.run.run_id)
     data_meta = {"rl_tasks": file_fingerprint(paths.rl_tasks), "tasks": len(tasks),
                  "start": str(start_from) if start_from else "base+fresh-lora"}
     round_parts = RoundParts(trainer, curriculum, objective, score_fn or make_score_fn(rl), metrics, data_meta)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional
 
 from .. import checkpoints
 from ..modeling import model_meta
+from ..paths import RunPaths
+from ..stage_freshness import stage_inputs
 from . import state as train_state
 
 
@@ -51,7 +53,8 @@ def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, da
     dist.barrier()
     if dist.is_main:
         checkpoints.write_meta(
-            directory, stage=stage, config=cfg.source, base_model=cfg.model.name_or_path, data=data,
+            directory, stage=stage, config=cfg, base_model=cfg.model.name_or_path, data=data,
+            inputs=stage_inputs(RunPaths.from_config(cfg), cfg, stage),
             step=step, round_index=round_index, model=model_meta(cfg.model), lora=dataclasses.asdict(cfg.lora),
             run_id=cfg.run.run_id, world_size=dist.world_size, **meta_extra,
         )

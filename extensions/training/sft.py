@@ -147,7 +147,8 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
 
     data_meta = {"train": file_fingerprint(paths.sft_train), "val": file_fingerprint(paths.sft_val),
                  "train_examples": len(train_examples), "val_examples": len(val_examples)}
-    metrics = MetricsLogger.for_stage(paths, "sft", enabled=dist.is_main)
+    metrics = MetricsLogger.for_stage(paths, "sft", enabled=dist.is_main, report_to=cfg.logging.report_to,
+                                      project=cfg.run.run_id)
 
     def save(directory, **extra):
         return save_adapter_checkpoint(

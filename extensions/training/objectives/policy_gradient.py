@@ -70,7 +70,7 @@ class TokenObjective(Objective):
                       f"{stats['groups']} groups without reward spread); the adapter is unchanged this round", flush=True)
         else:
             history = PolicyUpdate(ctx, self.update_settings()).run(
-                sequences, seed=ctx.cfg.run.seed + rollouts.round_index, step_offset=rollouts.round_index * 100_000)
+                sequences, seed=ctx.cfg.run.seed + rollouts.round_index, round_index=rollouts.round_index)
         stats.update(summarise_steps(history, time.perf_counter() - started))
         return stats
 

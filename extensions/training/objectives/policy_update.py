@@ -128,8 +128,9 @@ class PolicyUpdate:
         unwrapped = self.dist.unwrap(self.trainer.model)
         return next(unwrapped.parameters()).device if hasattr(unwrapped, "hf_device_map") else self.dist.device
 
-    def run(self, sequences: Sequence[TrainSequence], *, seed: int, step_offset: int = 0) -> list[dict]:
-        """Every pass over ``sequences``; returns each optimizer step's statistics."""
+    def run(self, sequences: Sequence[TrainSequence], *, seed: int, round_index: int) -> list[dict]:
+        """Every pass over ``sequences``; returns each optimizer step's statistics (logged as steps
+        ``round_index x 100000 + n``, like Best-of-N's)."""
         from tqdm.auto import tqdm
 
         t = self.trainer.settings
@@ -147,7 +148,7 @@ class PolicyUpdate:
                         stats = self.train_step([sequences[i] for i in step])
                         stats["epoch"] = epoch
                         history.append(stats)
-                        self.ctx.metrics.log(step_offset + len(history), stats)
+                        self.ctx.metrics.log(round_index * 100_000 + len(history), {"round": round_index, **stats})
                         bar.update(1)
         finally:
             bar.close()

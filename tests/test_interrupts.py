@@ -1,0 +1,118 @@
+"""Ctrl-C: the first one saves at the next step boundary and stops (exit 75), a second one aborts at
+once; evaluation stops cleanly and keeps the generations it finished."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from extensions import checkpoints
+from extensions.interrupt import SaveSignal
+from extensions.paths import RunPaths
+from extensions.training.stages import EXIT_STOPPED
+from extensions.training.tiny import save_tiny_model, tiny_sft_rows
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "eval"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, f"exited early with {proc.returncode}: {proc.communicate()}"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_first_ctrl_c_asks_for_a_save_and_the_second_aborts(tmp_path):
+    save_signal = SaveSignal(tmp_path / "save_request.json")
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        save_signal.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert save_signal.save_requested() and save_signal.stop_requested() and save_signal.reason == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_ctrl_c_during_sft_saves_a_checkpoint_and_exits_75(tmp_path, model_dir):
+    root = tmp_path / "run"
+    paths = RunPaths(root)
+    paths.processed.mkdir(parents=True)
+    paths.sft_train.write_text("".join(json.dumps(r) + "\n" for r in tiny_sft_rows(8)))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""
+run: {{root: "{root}"}}
+model: {{name_or_path: "{model_dir}", dtype: float32}}
+lora: {{r: 4, alpha: 8}}
+sft: {{max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_steps: 1, per_device_batch_size: 2,
+       gradient_accumulation_steps: 1, max_seq_len: 1024, gradient_checkpointing: false}}
+""")
+    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config),
+                             "--stage", "sft", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=PROJECT_ROOT)
+    try:
+        _wait_for(lambda: paths.metrics_log("sft").is_file() and paths.metrics_log("sft").read_text().count("\n") >= 2,
+                  proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED, out + err
+    assert "Ctrl-C: saving a checkpoint at the next step boundary" in err and "Traceback" not in err
+    saved = checkpoints.newest_complete(paths.stage_dir("sft"))
+    assert saved is not None and checkpoints.read_meta(saved)["step"] >= 2
+    assert not checkpoints.is_complete(paths.final("sft"))
+    assert not paths.run_lock.exists()
+
+
+def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir):
+    from extensions.config import ModelConfig
+    from extensions.evaluation.generation_cache import pending_tasks
+    from extensions.evaluation.inputs import load_tasks, read_generations
+    from extensions.evaluation.runner import EvalSettings
+
+    code = (FIXTURES / "tasks" / "relu.py").read_text()
+    tasks_file = tmp_path / "tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps({"task_id": f"t{i}", "level": 1, "code": code}) + "\n" for i in range(40)))
+    out = tmp_path / "out"
+    generations = out / "generations_tiny.jsonl"
+    settings = ["--set", "eval.max_new_tokens=24", "--set", "eval.generation_batch_size=1", "--set", "eval.temperature=0.7",
+                "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null"]
+    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "evaluate.py"), "--model_path", str(model_dir),
+                             "--tasks", str(tasks_file), "--name", "tiny", "--output_dir", str(out), "--smoke", *settings],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
+    try:
+        _wait_for(lambda: generations.is_file() and generations.read_text().count("\n") >= 3, proc)
+        proc.send_signal(signal.SIGINT)
+        out_text, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out_text + err
+    assert "evaluate: interrupted (Ctrl-C); finished generation chunks are saved" in err
+    assert "Traceback" not in err
+    kept = read_generations(generations)
+    assert len(kept.rows) >= 2 and kept.header is not None
+    tasks, _ = load_tasks(tasks_file)
+    sampling = EvalSettings(samples_per_task=1, temperature=0.7, max_new_tokens=24, generation_batch_size=1)
+    model_cfg = ModelConfig(name_or_path=str(model_dir), gguf_file=None, dtype="float32")
+    left = pending_tasks(generations, tasks, str(model_dir), sampling, log=lambda _m: None, model_cfg=model_cfg)
+    assert len(left) == 40 - len({row.task_id for row in kept.rows})  # a re-run generates only the rest

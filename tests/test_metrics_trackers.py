@@ -1,0 +1,69 @@
+"""Training metrics: always JSONL, plus the trackers logging.report_to names (accelerate's tracker
+classes). TensorBoard by default, read back from its event files; a named tracker whose package is
+missing stops at start-up with what to install."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from extensions.config import ConfigError, load_config
+from extensions.paths import RunPaths
+from extensions.training.metrics import MetricsLogger
+
+from s3_testing import PROJECT_ROOT
+
+
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, round(e.value, 6)) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_default_config_reports_to_tensorboard_and_jsonl(tmp_path):
+    cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml")
+    assert cfg.logging.report_to == ["tensorboard"]
+    paths = RunPaths(tmp_path / "run")
+    metrics = MetricsLogger.for_stage(paths, "sft", report_to=cfg.logging.report_to, project="test-run")
+    metrics.log(1, {"loss": 2.5, "lr": 1e-4, "grad": {"norm": 0.75}, "note": "text", "nan": float("nan")})
+    metrics.log(2, {"loss": 2.25, "lr": 1e-4, "grad": {"norm": 0.5}})
+    metrics.log(2, {"eval_loss": 3.0}, kind="eval")
+    metrics.close()
+    rows = [json.loads(line) for line in paths.metrics_log("sft").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("step", 1), ("step", 2), ("eval", 2)]
+    assert rows[0]["note"] == "text" and rows[0]["grad"] == {"norm": 0.75}
+    scalars = tensorboard_scalars(paths.tensorboard("sft"))
+    assert scalars["step/loss"] == [(1, 2.5), (2, 2.25)]
+    assert scalars["step/grad/norm"] == [(1, 0.75), (2, 0.5)]
+    assert scalars["eval/eval_loss"] == [(2, 3.0)]
+    assert "step/note" not in scalars and "step/nan" not in scalars
+
+
+def test_empty_report_to_writes_jsonl_only_and_other_ranks_write_nothing(tmp_path):
+    paths = RunPaths(tmp_path / "run")
+    quiet = MetricsLogger.for_stage(paths, "rl", report_to=[])
+    quiet.log(0, {"reward_mean": 0.5}, kind="round")
+    quiet.close()
+    assert paths.metrics_log("rl").is_file() and not paths.tensorboard("rl").exists()
+    other_rank = MetricsLogger.for_stage(RunPaths(tmp_path / "other"), "rl", enabled=False)
+    other_rank.log(0, {"reward_mean": 0.5})
+    other_rank.close()
+    assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_named_tracker_without_its_package_is_a_clear_start_up_error(tmp_path, tracker):
+    if importlib.util.find_spec(tracker) is not None:
+        pytest.skip(f"{tracker} is installed here")
+    cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [f"logging.report_to=[tensorboard, {tracker}]"])
+    with pytest.raises(ConfigError, match=f"pip install {tracker}"):
+        MetricsLogger.for_stage(RunPaths(tmp_path / "run"), "sft", enabled=False, report_to=cfg.logging.report_to)
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_unknown_tracker_is_rejected_by_the_config():
+    with pytest.raises(ConfigError, match="logging.report_to"):
+        load_config(PROJECT_ROOT / "configs" / "smoke.yaml", ["logging.report_to=[neptune]"])
