@@ -8,6 +8,7 @@
 #   bash bench/device_session.sh rollout sft
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
 #   bash bench/device_session.sh rehearsal                         # 7B rehearsal on every GPU (~7 min)
+#   bash bench/device_session.sh rl_algorithms                     # on a machine with >= 2 GPUs
 #
 # rehearsal: USD_PER_GPU_HOUR (default 2.5) prices the projection; REHEARSAL_ARGS adds flags
 # (e.g. "--config configs/a100-40gb.yaml").
@@ -80,6 +81,47 @@ run_multi_gpu() {
   find "$root" -maxdepth 4 -name meta.json -path '*final*' -exec sh -c 'echo "--- $1"; cat "$1"' _ {} \; >"$OUT/multi_gpu_checkpoints.txt" 2>&1
 }
 
+run_rl_algorithms() {
+  # One data-parallel `--stage rl` round each of best_of_n, grpo and rloo on the same tasks (same
+  # data, seed and curriculum), then the policy-gradient update under DDP with a reward that has
+  # spread (random weights score 0 on every kernel, so the verifier's rounds leave GRPO/RLOO flat).
+  local root=/tmp/kernel-rl-algorithms
+  rm -rf "$root"
+  step rl_algorithms_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
+    && $PY prepare_data.py --smoke --set run.root=$root/data --no_progress"
+  local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
+                --set verifier.device=cuda --set rl.num_rounds=1 --set rl.tasks_per_round=4 --set rl.samples_per_task=8
+                --set rl.max_new_tokens=128 --set rl.generation_batch_size=16 --set rl.per_device_batch_size=4
+                --set rl.init=base)
+  local algorithm
+  for algorithm in best_of_n grpo rloo; do
+    mkdir -p "$root/$algorithm" && cp -r "$root/data/data" "$root/$algorithm/data"
+    step "rl_round_$algorithm" 300 "$PY" -m accelerate.commands.launch --num_processes 2 --mixed_precision no \
+      train_integrated.py --stage rl --no-progress "${common[@]}" --set "run.root=$root/$algorithm" --set "rl.algorithm=$algorithm"
+  done
+  for algorithm in grpo rloo; do
+    step "rl_synthetic_$algorithm" 300 "$PY" -m accelerate.commands.launch --num_processes 2 --mixed_precision no \
+      tests/rl_synthetic.py "$root/synthetic-$algorithm" "$root/model" --set "rl.algorithm=$algorithm" --set rl.num_rounds=3
+  done
+  "$PY" - "$root" >"$OUT/rl_algorithms.md" 2>&1 <<'PYEOF'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+print("| run | algorithm | round | reward mean | zero-spread groups | update steps | sampling s | verifying s | training s | round s |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for run in ["best_of_n", "grpo", "rloo", "synthetic-grpo", "synthetic-rloo"]:
+    log = root / run / "logs" / "rl_metrics.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    for r in (r for r in rows if r["kind"] == "round"):
+        s = r["seconds"]
+        print(f"| {run} | {r['algorithm']} | {r['round']} | {r['reward_mean']:.3f} | {r.get('zero_spread_groups')}/{r.get('groups')} "
+              f"| {r.get('train_steps')} | {s['sampling_s']:.1f} | {s['verifying_s']:.1f} | {s['training_s']:.1f} | {s['round_s']:.1f} |")
+    if not rows:
+        print(f"| {run} | - | no metrics (see its log) | | | | | | | |")
+PYEOF
+  cat "$OUT/rl_algorithms.md"
+}
+
 run_rehearsal() {
   local gpus launch=("$PY")
   gpus=$(nvidia-smi -L | wc -l)
@@ -93,6 +135,7 @@ for name in "$@"; do
   case "$name" in
     env) run_env ;; gpu_tests) run_gpu_tests ;; verifier) run_verifier ;; timing) run_timing ;;
     rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
+    rl_algorithms) run_rl_algorithms ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done

@@ -17,6 +17,13 @@ times before attention. This loop removes both:
 
 Sampling (temperature, nucleus, greedy) runs on the logits between steps with its own seeded
 generator, so a seed gives the same tokens whatever else uses the global RNG.
+
+With ``return_logprobs`` each chosen token also gets its log-probability under the sampling policy's
+tempered full distribution, ``log_softmax(logits / temperature)`` (temperature 1 when greedy), before
+any top-p truncation. That is the probability a training forward at the same temperature computes,
+so the ratio of the two is the importance ratio of policy-gradient RL with no second forward for the
+"old" policy. The nucleus renormalisation is left out on purpose: the training forward cannot
+reproduce it, and it only shifts the log-probability of kept tokens by the log of the kept mass.
 """
 from __future__ import annotations
 
@@ -184,13 +191,15 @@ def _prefill_mask(attention, cache_len: int):
 
 def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: float, top_p: float,
            seed: int, eos_token_ids: Sequence[int] = (), use_cuda_graph: bool = True,
-           compile_step: bool = False, stats: Optional[DecodeStats] = None):
+           compile_step: bool = False, stats: Optional[DecodeStats] = None, return_logprobs: bool = False):
     """Generate ``max_new_tokens`` tokens for each left-padded row of ``input_ids``.
 
     Returns a (batch, steps) tensor of new token ids on the CPU; ``steps`` is shorter than
     ``max_new_tokens`` only when every row has produced one of ``eos_token_ids``. Rows keep going
     after their own end of sequence; the caller cuts them. ``compile_step`` runs the decode step
     through ``torch.compile`` (fused elementwise kernels; compiled once per shape, on a GPU only).
+    ``return_logprobs`` returns ``(tokens, logprobs)``: a float32 (batch, steps) tensor of each
+    chosen token's log-probability under the tempered full distribution (see the module docstring).
     """
     import torch
     from transformers import StaticCache
@@ -206,6 +215,8 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     tokens = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    token_logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if return_logprobs else None
+    logprob_temperature = temperature if temperature > 0 else 1.0
 
     positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
     step_mask = torch.zeros((batch, 1, 1, cache_len), dtype=torch.bool, device=device)
@@ -244,6 +255,8 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
         for t in range(max_new_tokens):
             token = pick_tokens(logits, temperature, top_p, generator, compiled=compiling)
             tokens[:, t] = token
+            if token_logprobs is not None:
+                token_logprobs[:, t] = chosen_logprobs(logits, token, logprob_temperature)
             steps = t + 1
             if eos.numel():
                 finished |= torch.isin(token, eos)
@@ -269,7 +282,17 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
         stats.graph_used = graph is not None
         stats.compiled = compiling
         stats.graph_error = None if graph is not None else blocker
+    if token_logprobs is not None:
+        return tokens[:, :steps].cpu(), token_logprobs[:, :steps].cpu()
     return tokens[:, :steps].cpu()
+
+
+def chosen_logprobs(logits, token, temperature: float):
+    """log_softmax(logits / temperature)[row, token[row]] in fp32: the training forward's formula."""
+    import torch
+
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def _model_step(model, ids, mask, positions, cache):

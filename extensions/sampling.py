@@ -58,12 +58,25 @@ def left_pad(rows: Sequence[list[int]], pad_token_id: int):
     return input_ids, attention
 
 
+@dataclass
+class SampledSequence:
+    """One sampled continuation: its token ids (ending with the end-of-sequence token when the
+    model stopped by itself) and each token's log-probability under the sampling policy
+    (``extensions.decoding``: tempered full distribution, before top-p truncation)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    stopped: bool  # ended with an end-of-sequence token (False: cut at max_new_tokens)
+
+
 def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: SamplingParams, *,
                      pad_token_id: int, eos_token_ids: Sequence[int], progress: bool = True,
-                     stop_at_eos: bool = True, stats=None) -> list[list[list[int]]]:
+                     stop_at_eos: bool = True, stats=None, with_logprobs: bool = False) -> list[list]:
     """``n`` sampled continuations (token ids, eos and padding removed) for each prompt.
 
     ``stats`` (a ``DecodeStats``), when given, receives the last batch's decode statistics.
+    ``with_logprobs`` returns ``SampledSequence`` objects instead, whose tokens keep the end of
+    sequence token: a policy-gradient update must also train the decision to stop.
     """
     from tqdm.auto import tqdm
 
@@ -86,20 +99,21 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
         for batch_index, start in enumerate(range(0, len(jobs), params.batch_size)):
             batch = jobs[start:start + params.batch_size]
             input_ids, attention = left_pad([prompt_ids[p] for p, _ in batch], pad_token_id)
-            generated = decode(
+            decoded = decode(
                 model, input_ids, attention, params.max_new_tokens, temperature=params.temperature,
                 top_p=params.top_p, seed=params.seed + batch_index,
                 eos_token_ids=eos_token_ids if stop_at_eos else (), use_cuda_graph=params.cuda_graphs,
-                compile_step=params.compile_step, stats=stats,
-            ).tolist()
+                compile_step=params.compile_step, stats=stats, return_logprobs=with_logprobs,
+            )
+            generated, logprobs = (decoded[0].tolist(), decoded[1].tolist()) if with_logprobs else (decoded.tolist(), None)
             for row, (p, s) in enumerate(batch):
                 tokens = generated[row]
-                if stop_at_eos:
-                    for cut, token in enumerate(tokens):
-                        if token in eos_set:
-                            tokens = tokens[:cut]
-                            break
-                results[p][s] = tokens
+                cut = next((i for i, token in enumerate(tokens) if token in eos_set), None) if stop_at_eos else None
+                if logprobs is not None:
+                    end = len(tokens) if cut is None else cut + 1
+                    results[p][s] = SampledSequence(tokens[:end], logprobs[row][:end], cut is not None)
+                else:
+                    results[p][s] = tokens if cut is None else tokens[:cut]
             bar.update(len(batch))
     finally:
         bar.close()
@@ -119,3 +133,24 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, para
         eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress,
     )
     return [[tokenizer.decode(tokens, skip_special_tokens=True) for tokens in per_prompt] for per_prompt in token_lists]
+
+
+def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
+                    *, progress: bool = True) -> tuple[list[list[int]], list[list[tuple[str, SampledSequence]]]]:
+    """RL rollouts: the prompts' token ids and, per prompt, ``n`` (text, ``SampledSequence``) pairs.
+
+    The text is the decoded completion without special tokens (what the verifier judges); the
+    sequence holds the exact sampled ids and their log-probabilities (what the update trains on).
+    """
+    if not prompts:
+        return [], []
+    prompt_ids = render_prompt_ids(tokenizer, prompts)
+    sequences = sample_token_ids(
+        model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress, with_logprobs=True,
+    )
+    def text(seq: SampledSequence) -> str:
+        ids = seq.token_ids[:-1] if seq.stopped else seq.token_ids
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return prompt_ids, [[(text(seq), seq) for seq in per_prompt] for per_prompt in sequences]

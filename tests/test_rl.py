@@ -12,7 +12,10 @@ from extensions.config import load_config
 from extensions.paths import RunPaths
 from extensions.training import rl as rl_module
 from extensions.training.candidates import CandidateLog, sample_record, verdict_record
-from extensions.training.rl import Candidate, round_statistics, select_top_k
+from extensions.training import rollouts as rollouts_module
+from extensions.training.objectives.best_of_n import select_top_k
+from extensions.training.round_stats import round_statistics
+from extensions.training.rollouts import Candidate
 from extensions.training.tiny import save_tiny_model, tiny_rl_tasks, tiny_solution_code, tiny_task_code
 from extensions.verify.result import VerifyResult
 
@@ -136,6 +139,7 @@ def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir):
         for c in candidates:
             c.result = verdicts[(c.task_id, c.sample_index)]
         assert metrics["kept"] == len(select_top_k(candidates, cfg.rl.top_k, cfg.rl.reward_threshold))
+        assert all(len(rec["token_ids"]) == len(rec["logprobs"]) > 0 for rec in records if rec["type"] == "sample")
     assert checkpoints.is_complete(paths.final("rl"))
     assert checkpoints.read_meta(paths.final("rl"))["round"] == 2
     rounds = [json.loads(line) for line in paths.metrics_log("rl").read_text().splitlines()]
@@ -150,13 +154,13 @@ def test_interrupted_round_resumes_without_resampling_or_reverifying(tmp_path, m
 
     cfg, paths = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1"])
     sampled_prompts = []
-    real_sample = rl_module.sample_completions
+    real_sample = rollouts_module.sample_rollouts
 
     def counting_sample(model, tokenizer, prompts, n, params, *, progress=True):
         sampled_prompts.append(len(prompts))
         return real_sample(model, tokenizer, prompts, n, params, progress=progress)
 
-    monkeypatch.setattr(rl_module, "sample_completions", counting_sample)
+    monkeypatch.setattr(rollouts_module, "sample_rollouts", counting_sample)
 
     # 1. stop (as SIGTERM would) after the first generate batch: 2 of 3 tasks sampled
     signal = SaveSignal.for_run(paths)
@@ -195,3 +199,19 @@ def test_real_verifier_judges_a_correct_triton_candidate():
     results = verify_fn([(tiny_task_code(0), f"```python\n{good}\n```", "good"), (tiny_task_code(0), bad, "bad")])
     assert results[0].correct and results[0].reward >= 0.5
     assert not results[1].correct and results[1].reward == 0.0
+
+
+def test_log_sampled_at_another_temperature_is_set_aside(tmp_path, model_dir):
+    from extensions.interrupt import SaveSignal
+
+    cfg, paths = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1"])
+    signal = SaveSignal.for_run(paths)
+    signal.request("test", stop=True)
+    assert rl_module.run_rl(cfg, save_signal=signal, progress=False, verify_fn=fake_verify).status == "stopped"
+    first = _log_records(paths, 1)
+    assert first[0]["sampling"]["temperature"] == cfg.rl.temperature
+    hotter, _ = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1", "rl.temperature=1.3"])
+    assert rl_module.run_rl(hotter, progress=False, verify_fn=fake_verify).status == "finished"
+    stale = paths.rl_candidates_log(1).with_name(paths.rl_candidates_log(1).name + ".stale-1")
+    assert stale.read_text().splitlines()[0] == json.dumps(first[0])  # the old log, kept aside whole
+    assert _log_records(paths, 1)[0]["sampling"]["temperature"] == 1.3

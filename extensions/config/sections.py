@@ -89,6 +89,20 @@ class CurriculumConfig:
 
 
 @dataclass
+class RewardWeightsConfig:
+    """The reward of each verifier stage reached (``rl.reward_preset: weights``); a cheating flag gives 0."""
+
+    none: float = 0.0  # no code block could be extracted
+    extract: float = 0.0  # code extracted, failed the static check
+    static: float = 0.0  # passed the static check, failed to compile
+    compile: float = 0.3
+    tiny: float = 0.5
+    full: float = 0.7
+    speed: float = 0.3  # timed: full + speed * min(speedup / speedup_saturation, 1)
+    speedup_saturation: float = 2.0
+
+
+@dataclass
 class RLConfig:
     # What the first round's policy is: the SFT stage's final adapter (required), or the base model
     # with a fresh LoRA adapter.
@@ -111,6 +125,20 @@ class RLConfig:
     verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
     keep_last_rounds: int = 3  # complete round-NNN checkpoints kept
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    # best_of_n: expert iteration (SFT on the top_k per task); grpo / rloo / reinforce: clipped
+    # token-level policy gradient; reward_weighted: SFT on every sample weighted by its reward.
+    algorithm: Literal["best_of_n", "grpo", "rloo", "reinforce", "reward_weighted"] = "best_of_n"
+    # verifier: the verifier's own reward (its reward_* keys); format / correctness / speed: presets
+    # moving the weight from format and compiling to correctness, then speed; weights: reward_weights.
+    reward_preset: Literal["verifier", "format", "correctness", "speed", "weights"] = "verifier"
+    reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
+    ppo_epochs: int = 1  # passes over a round's rollouts (policy-gradient algorithms)
+    clip_eps_low: float = 0.2  # ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high]
+    clip_eps_high: float = 0.28
+    loss_normalization: Literal["token", "sequence"] = "token"  # token: sum over the step / its tokens
+    scale_advantages: bool = True  # grpo: divide by the group std (false: Dr. GRPO)
+    beta: float = 0.0  # KL penalty to the base model (adapters disabled); 0: no reference forward
+    baseline_momentum: float = 0.9  # reinforce: running baseline b <- m b + (1 - m) round mean
 
 
 @dataclass

@@ -3,10 +3,13 @@ it is known, so an interrupted round resumes without sampling or verifying anyth
 
 Records, one JSON object per line:
 
-- ``{"type": "round", "round", "task_ids", "policy"}``: first line; which tasks the round samples
-  and a fingerprint of the adapter it samples from. A log whose header disagrees with the round
-  being run belongs to another policy and is set aside (renamed ``*.stale-N``), never reused.
-- ``{"type": "sample", "task_id", "sample_index", "text", "sha1"}``
+- ``{"type": "round", "round", "task_ids", "policy", "samples_per_task", "sampling"}``: first line;
+  which tasks the round samples, a fingerprint of the adapter it samples from and the sampling
+  settings (temperature, top_p, max_new_tokens) its log-probs hold for. A log whose header
+  disagrees with the round being run is set aside (renamed ``*.stale-N``), never reused.
+- ``{"type": "sample", "task_id", "sample_index", "text", "sha1", "token_ids", "logprobs"}``: the
+  decoded text, and the exact sampled token ids with their log-probabilities under the sampling
+  policy (floats survive JSON exactly), so a resumed round trains on the very same rollouts
 - ``{"type": "verdict", "task_id", "sample_index", "sha1", "result": VerifyResult.to_dict()}``;
   applies only to the sample with the same ``sha1``.
 
@@ -32,6 +35,8 @@ def text_sha1(text: str) -> str:
 class LogContents:
     header: Optional[dict] = None
     samples: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (token_ids, logprobs) of each sample that has them
+    sequences: dict[tuple[str, int], tuple[list[int], list[float]]] = field(default_factory=dict)
     verdicts: dict[tuple[str, int], dict] = field(default_factory=dict)
     damaged_lines: int = 0
 
@@ -71,6 +76,10 @@ class CandidateLog:
                 elif kind == "sample":
                     key = (str(record["task_id"]), int(record["sample_index"]))
                     contents.samples[key] = record["text"]
+                    if isinstance(record.get("token_ids"), list) and isinstance(record.get("logprobs"), list):
+                        contents.sequences[key] = (record["token_ids"], record["logprobs"])
+                    else:
+                        contents.sequences.pop(key, None)
                     sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
                 elif kind == "verdict":
                     pending_verdicts.append(record)
@@ -89,8 +98,12 @@ class CandidateLog:
         return stale
 
 
-def sample_record(task_id: str, sample_index: int, text: str) -> dict:
-    return {"type": "sample", "task_id": task_id, "sample_index": sample_index, "text": text, "sha1": text_sha1(text)}
+def sample_record(task_id: str, sample_index: int, text: str, token_ids: Optional[list[int]] = None,
+                  logprobs: Optional[list[float]] = None) -> dict:
+    record = {"type": "sample", "task_id": task_id, "sample_index": sample_index, "text": text, "sha1": text_sha1(text)}
+    if token_ids is not None:
+        record.update(token_ids=list(token_ids), logprobs=[float(x) for x in logprobs or []])
+    return record
 
 
 def verdict_record(task_id: str, sample_index: int, text: str, result: dict) -> dict:

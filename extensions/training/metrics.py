@@ -91,6 +91,19 @@ class MetricsLogger:
             if writer is not None:
                 writer.flush()  # TensorBoard: a crash must not lose the last steps
 
+    def log_histogram(self, tag: str, values, step: int) -> None:
+        """A distribution (e.g. a round's advantages) as a histogram, in the trackers that keep one
+        (TensorBoard); the JSONL record carries its bins separately."""
+        if not (self.enabled and len(values)):
+            return
+        import numpy as np
+
+        for tracker in self.trackers:
+            writer = getattr(tracker, "writer", None)
+            if writer is not None and hasattr(writer, "add_histogram"):
+                writer.add_histogram(tag, np.asarray(values, dtype=np.float64), step)
+                writer.flush()
+
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.finish()

@@ -1,0 +1,68 @@
+"""What every RL objective receives and returns: one round's scored rollouts in, an adapter update
+and its statistics out. The round loop (``extensions.training.rl``) is the same for all of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..rollouts import Candidate
+
+# Spread below this is none: floating-point noise in equal rewards must not become a gradient.
+ZERO_SPREAD = 1e-9
+
+
+@dataclass
+class RoundRollouts:
+    round_index: int
+    tasks: list[dict]
+    candidates: list[Candidate]  # every rank holds all of them, sorted by (task_id, sample_index)
+    prompt_ids: dict[str, list[int]]  # task_id -> the rendered prompt the samples continue
+
+
+@dataclass
+class UpdateContext:
+    cfg: Any
+    dist: Any
+    trainer: Any  # AdapterTrainer: the (possibly DDP-wrapped) model, optimizer and settings
+    tokenizer: Any
+    metrics: Any  # MetricsLogger
+    progress: bool
+    check_signal: Callable[[], None]  # serves save requests between optimizer steps; raises on stop
+
+
+class Objective:
+    """One RL algorithm: turns a round's rollouts into adapter updates."""
+
+    name = "objective"
+
+    def update(self, ctx: UpdateContext, rollouts: RoundRollouts) -> dict[str, Any]:
+        """Train on the round; returns its statistics (merged into the round's metrics)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """State carried from round to round (saved in each round checkpoint)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def groups_by_task(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
+    """The samples of each task (a GRPO/RLOO group), in sample order."""
+    groups: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        groups.setdefault(candidate.task_id, []).append(candidate)
+    for group in groups.values():
+        group.sort(key=lambda c: c.sample_index)
+    return groups
+
+
+def zero_spread(rewards: Sequence[float]) -> bool:
+    return max(rewards) - min(rewards) <= ZERO_SPREAD
+
+
+def group_statistics(candidates: Sequence[Candidate]) -> dict[str, Any]:
+    groups = groups_by_task(candidates)
+    flat = sum(1 for g in groups.values() if zero_spread([c.reward for c in g]))
+    return {"groups": len(groups), "zero_spread_groups": flat,
+            "zero_spread_share": flat / len(groups) if groups else 0.0}

@@ -1,0 +1,200 @@
+"""One RL round's rollouts: sample, verify, score; every step logged so an interrupted round resumes.
+
+``collect_candidates`` samples ``samples_per_task`` completions per task (with each token's
+log-probability under the sampling policy), judges them with a ``VerifyFn`` and returns every
+candidate of the round on every rank. The round's candidate log receives each sample and each
+verdict as soon as it exists; a resumed round reuses them. The scoring (verdict -> reward) is a
+separate, pure function (``extensions.training.rewards``), so it can change without judging again.
+
+Sampling is seeded per chunk of this rank's task list, whatever was already logged, so a chunk
+sampled again after a crash gives the same tokens it gave before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..paths import RunPaths
+from ..prompts import build_messages
+from ..sampling import SamplingParams, render_prompt_ids, sample_rollouts
+from ..verify.result import VerifyResult
+from .candidates import CandidateLog, sample_record, verdict_record
+from .distributed import Dist
+
+# (problem_code, candidate_text, label) triples in, one VerifyResult (or its dict) per triple out.
+VerifyFn = Callable[[list[tuple[str, str, str]]], list[Any]]
+
+
+@dataclass
+class Candidate:
+    task_id: str
+    level: int
+    sample_index: int
+    text: str
+    result: Optional[dict] = None  # VerifyResult.to_dict()
+    token_ids: list[int] = field(default_factory=list)  # as sampled, ending with EOS when it stopped
+    logprobs: list[float] = field(default_factory=list)  # sampling policy's log-prob of each token
+    score: Optional[float] = None  # the training reward (reward preset); None: the verifier's reward
+
+    @property
+    def reward(self) -> float:
+        if self.score is not None:
+            return self.score
+        return float(self.result.get("reward", 0.0)) if self.result else 0.0
+
+    @property
+    def correct(self) -> bool:
+        return bool(self.result.get("correct")) if self.result else False
+
+
+@dataclass
+class RoundContext:
+    cfg: Any
+    paths: RunPaths
+    dist: Dist
+    tokenizer: Any
+    verify_fn: VerifyFn
+    save_signal: Any = None
+    progress: bool = True
+
+
+class StopRequested(Exception):
+    """A SaveSignal asked the run to stop; everything known is already on disk."""
+
+
+def check_signal(ctx: RoundContext, served_by: Optional[Path]) -> None:
+    """Serve a pending save request (``served_by`` holds the state); raise StopRequested on a stop."""
+    if ctx.save_signal is None or not ctx.dist.any(ctx.save_signal.save_requested()):
+        return
+    stop = ctx.dist.any(ctx.save_signal.stop_requested())
+    ctx.save_signal.acknowledge(served_by)
+    if stop:
+        raise StopRequested(ctx.save_signal.reason or "stop requested")
+
+
+def make_verify_fn(verifier_cfg, device: Optional[str], *, progress: bool = True) -> VerifyFn:
+    """The project verifier as a ``VerifyFn`` (imported on first use)."""
+
+    def verify(items: list[tuple[str, str, str]]) -> list[Any]:
+        from ..verify import VerifyRequest, verify_batch
+
+        requests = [VerifyRequest(problem_code=code, candidate_text=text, label=label) for code, text, label in items]
+        return verify_batch(requests, verifier_cfg, device=device, progress=progress)
+
+    return verify
+
+
+def result_dict(result: Any) -> dict:
+    if isinstance(result, VerifyResult):
+        return result.to_dict()
+    if isinstance(result, dict):
+        return VerifyResult.from_dict(result).to_dict()
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
+    raise TypeError(f"verifier returned {type(result).__name__}, expected VerifyResult")
+
+
+def task_prompt_ids(tokenizer, tasks: Sequence[dict]) -> dict[str, list[int]]:
+    """The rendered prompt of each task, as the sampler saw it (the update trains on prompt + sample)."""
+    ids = render_prompt_ids(tokenizer, [build_messages(t["code"]) for t in tasks])
+    return {t["task_id"]: row for t, row in zip(tasks, ids)}
+
+
+def _open_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], policy: str) -> CandidateLog:
+    candidate_log = CandidateLog(ctx.paths.rl_candidates_log(round_index))
+    rl = ctx.cfg.rl
+    # The logged log-probs hold only for the same sampling distribution.
+    sampling = {"temperature": rl.temperature, "top_p": rl.top_p, "max_new_tokens": rl.max_new_tokens}
+    header = {"type": "round", "round": round_index, "task_ids": [t["task_id"] for t in tasks], "policy": policy,
+              "samples_per_task": rl.samples_per_task, "sampling": sampling}
+    if ctx.dist.is_main:
+        existing = candidate_log.read()
+        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task", "sampling")):
+            stale = candidate_log.set_aside()
+            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list or sampling setting; "
+                  f"moved to {stale}", flush=True)
+            existing = candidate_log.read()
+        if existing.header is None:
+            candidate_log.append([header])
+    ctx.dist.barrier()
+    return candidate_log
+
+
+def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequence[dict], policy: str) -> tuple[list[Candidate], dict]:
+    """Sample and verify every candidate of the round (reusing the log), gathered on all ranks.
+
+    Returns the candidates (sorted by task and sample index) and the phase statistics: seconds
+    sampling and verifying, and the tokens sampled in this process run (for tokens/s).
+    """
+    rl = ctx.cfg.rl
+    n = rl.samples_per_task
+    candidate_log = _open_log(ctx, round_index, tasks, policy)
+    contents = candidate_log.read()
+    if ctx.dist.is_main and (contents.samples or contents.damaged_lines):
+        print(f"[rl] round {round_index}: reusing {len(contents.samples)} sampled and {len(contents.verdicts)} judged "
+              f"candidates from {candidate_log.path}" + (f"; skipped {contents.damaged_lines} damaged line(s)" if contents.damaged_lines else ""),
+              flush=True)
+    # A sample without its token ids cannot be trained on exactly: it is sampled again.
+    samples = {key: text for key, text in contents.samples.items() if key in contents.sequences}
+    sequences = dict(contents.sequences)
+    verdicts = {key: v for key, v in contents.verdicts.items() if key in samples}
+    mine = ctx.dist.shard(tasks)
+    stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0}
+
+    tasks_per_chunk = max(1, rl.generation_batch_size // n)
+    started = time.perf_counter()
+    for chunk_index, start in enumerate(range(0, len(mine), tasks_per_chunk)):
+        chunk = mine[start:start + tasks_per_chunk]
+        if all((t["task_id"], i) in samples for t in chunk for i in range(n)):
+            continue
+        params = SamplingParams(
+            max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
+            seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
+            batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
+        )
+        _, rollouts = sample_rollouts(model, ctx.tokenizer, [build_messages(t["code"]) for t in chunk], n, params,
+                                      progress=ctx.progress)
+        records = []
+        for task, task_rollouts in zip(chunk, rollouts):
+            for i, (text, sequence) in enumerate(task_rollouts):
+                key = (task["task_id"], i)
+                if samples.get(key) != text:  # a verdict judges one text only
+                    verdicts.pop(key, None)
+                samples[key] = text
+                sequences[key] = (sequence.token_ids, [float(x) for x in sequence.logprobs])
+                stats["sampled_tokens"] += len(sequence.token_ids)
+                records.append(sample_record(task["task_id"], i, text, sequence.token_ids, sequence.logprobs))
+        candidate_log.append(records)
+        check_signal(ctx, candidate_log.path)
+    stats["sampling_s"] = time.perf_counter() - started
+
+    # Verification, a chunk at a time, each verdict logged as soon as its chunk is judged.
+    code_of = {t["task_id"]: t["code"] for t in tasks}
+    pending = [(t["task_id"], i) for t in mine for i in range(n) if (t["task_id"], i) not in verdicts]
+    started = time.perf_counter()
+    chunk_size = max(1, rl.verify_chunk_size)
+    for start in range(0, len(pending), chunk_size):
+        chunk = pending[start:start + chunk_size]
+        items = [(code_of[tid], samples[(tid, i)], f"r{round_index}/{tid}/{i}") for tid, i in chunk]
+        results = ctx.verify_fn(items)
+        if len(results) != len(items):
+            raise RuntimeError(f"verifier returned {len(results)} results for {len(items)} candidates")
+        records = []
+        for (tid, i), result in zip(chunk, results):
+            verdicts[(tid, i)] = result_dict(result)
+            records.append(verdict_record(tid, i, samples[(tid, i)], verdicts[(tid, i)]))
+        candidate_log.append(records)
+        check_signal(ctx, candidate_log.path)
+    stats["verifying_s"] = time.perf_counter() - started
+
+    level_of = {t["task_id"]: int(t["level"]) for t in tasks}
+    local = [dataclasses.asdict(Candidate(tid, level_of[tid], i, samples[(tid, i)], verdicts[(tid, i)],
+                                          list(sequences[(tid, i)][0]), list(sequences[(tid, i)][1])))
+             for t in mine for tid in [t["task_id"]] for i in range(n)]
+    gathered = [Candidate(**c) for c in ctx.dist.gather_objects(local)]
+    gathered.sort(key=lambda c: (c.task_id, c.sample_index))
+    stats["sampled_tokens"] = int(ctx.dist.sum([float(stats["sampled_tokens"])])[0])
+    return gathered, stats
