@@ -121,7 +121,7 @@ SOFTMAX_CANDIDATE = textwrap.dedent("""
 CORRECT = affine_candidate()
 RESPONSE = "Here is the fused kernel.\n\n```python\n" + CORRECT + "\n```\n\nIt masks the tail."
 # Same program but for a docstring, which a candidate can read at run time: judged on its own.
-DOCSTRING_TWIN = CORRECT.replace("def forward(self, x):\n", "def forward(self, x):\n            \"\"\"Twin.\"\"\"\n", 1)
+DOCSTRING_TWIN = CORRECT.replace("def forward(self, x):\n", "def forward(self, x):\n        \"\"\"Twin.\"\"\"\n", 1)
 
 CASES = {
     "correct": (AFFINE_PROBLEM, CORRECT),
