@@ -162,8 +162,10 @@ def test_correct_kernels_pass_every_input_set(results):
         r = results[name]
         assert (r.correct, r.stage, r.reward, r.error, r.flags) == (True, "full", 0.7, None, []), r
         assert r.speedup is None and r.isolation in ("bwrap", "process")
-        # tiny + base + shape/value variations
-        assert len(r.details["input_sets"]) == 4 and r.details["input_sets"][0] == "tiny"
+        # tiny + base + shape/value variations + one set wider than the problem's own
+        sets = r.details["input_sets"]
+        assert len(sets) == 5 and sets[0] == "tiny" and sets[-1].startswith("wide_dim"), sets
+        assert r.details["sets_run"] == sets
         assert all(n >= 1 for n in r.details["launches"])
 
 
