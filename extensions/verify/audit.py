@@ -61,7 +61,8 @@ MIN_GPU_TIME_FOR_SHARE_US = 50.0
 # Names in the profiler's record that are wrappers with no math of their own (the dispatch mode
 # never sees them: they run above it).
 PROFILER_ONLY_OPS = frozenset({"resolve_conj", "resolve_neg", "type_as", "is_same_size", "is_complex",
-                               "is_floating_point", "conj", "_conj", "_neg_view", "lift", "result_type"})
+                               "is_floating_point", "conj", "_conj", "_neg_view", "lift", "result_type",
+                               "detach_", "reshape_as"})
 _START_MARKER = "verifier::audit_start"
 _END_MARKER = "verifier::audit_end"
 

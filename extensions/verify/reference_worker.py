@@ -355,11 +355,21 @@ class ReferenceBuilder:
             except Exception as exc:  # noqa: BLE001
                 self.skipped.append(f"wide {values}: problem failed to load ({type(exc).__name__})")
                 continue
-            if self.try_add("wide_" + "_".join(f"{n}{values[n]}" for n in sorted(grown)), "wide", module, seed):
-                self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(rewrite_constants(
-                    self.original_source, values)) > self.cap
+            if self.try_add("wide_" + "_".join(f"{n}={values[n]}" for n in sorted(grown)), "wide", module, seed):
+                self._mark_above_cap(values)
+                return
+        if self.cap > 0 and self.values != self.original_values:
+            # Nothing wider than the problem fits: at least more elements than the cap, along the
+            # same halving path that shrank the base.
+            values, _notes = shrink_to_cap(self.original_source, cap)
+            if values != self.values and self.try_add("large", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
                 return
         self.skipped.append("wide: no size above the problem's own fits")
+
+    def _mark_above_cap(self, values: dict[str, int]) -> None:
+        self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(
+            rewrite_constants(self.original_source, values)) > self.cap
 
 
 def run(job_dir: str, secret: dict) -> None:
