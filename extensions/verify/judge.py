@@ -389,11 +389,11 @@ def _judge_correctness(run: _Run, result: VerifyResult, deadline: float) -> bool
     compiled = run.wait("compile.json", deadline, "compile")
     if compiled is None:
         return False
+    _add_flags(result, compiled.get("flags"))
     if not compiled.get("ok"):
         result.error = f"compile: {str(compiled.get('error'))[:240]}"
         return False
     result.stage = "compile"
-    _add_flags(result, compiled.get("flags"))
     if is_cheating(result.flags):
         result.error = f"compile: {', '.join(f for f in result.flags if f in CHEATING_FLAGS)}"
         return False
