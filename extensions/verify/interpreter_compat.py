@@ -2,7 +2,9 @@
 
 * ``@triton.autotune`` with several configs benchmarks them through the GPU driver, which the
   interpreter does not have: here every config "measures" the same, so the first one is used (the
-  kernel's answer must not depend on the config anyway).
+  kernel's answer must not depend on the config anyway). On CUDA the configs are benchmarked with
+  CUDA events and no L2-flush fills (``benchmark_autotune_with_events``), so that the audited
+  forward's GPU time is the kernels' own.
 * ``triton.language.extra.libdevice`` functions are declarations without bodies (they compile to
   CUDA's libdevice on a GPU) and return None in the interpreter: here the common ones compute with
   NumPy/``math`` on the interpreter's arrays, at the argument's precision.
@@ -12,8 +14,8 @@
   gives the same answer in any order. A kernel that waits on an earlier program (a spin-wait
   look-back) cannot finish in the interpreter when the order is shuffled.
 
-Nothing here is imported by the parent; ``install`` is called by the worker before the candidate is
-imported, on CPU only.
+Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
+(CUDA) is called by the worker before the candidate is imported.
 """
 from __future__ import annotations
 
@@ -43,6 +45,32 @@ def use_first_autotune_config() -> None:
 
     # ``do_bench`` is a cached property that asks the (absent) driver for a benchmarker.
     Autotuner.do_bench = property(lambda self: _equal_timings)
+
+
+def _event_timings(kernel_call, quantiles=None, **_kwargs):
+    """Median of a few CUDA-event timed calls. Triton's own benchmarker zeroes a 256 MB buffer
+    before every call to flush L2; in an audited forward those fills would outweigh the kernel and
+    read as copies doing the work, so the configs are compared without the flush."""
+    import torch
+
+    kernel_call()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        kernel_call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    middle = sorted(times)[len(times) // 2]
+    return [middle, middle, middle] if quantiles else middle
+
+
+def benchmark_autotune_with_events() -> None:
+    """On CUDA (worker only): multi-config autotune benchmarks with plain CUDA events."""
+    from triton.runtime.autotuner import Autotuner
+
+    Autotuner.do_bench = property(lambda self: _event_timings)
 
 
 # -- libdevice -----------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ from .problem_constants import (find_size_constants, grown_size, is_batch_name, 
 from .tensor_io import pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
-# The wide set may hold this many times the cap's elements (CPU: the interpreter's time grows with it).
-WIDE_CAP_MULTIPLE = 4
+# The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
+# with it; on CUDA its inputs cross the sandbox as files.
+WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then small values (a near-zero
 # output must fail), then large and shifted ones.
@@ -301,10 +302,8 @@ class ReferenceBuilder:
         (on CUDA also bounded by the free memory: inputs, outputs and the candidate's copies)."""
         import torch
 
-        if self.cap > 0:
-            cap = WIDE_CAP_MULTIPLE * self.cap
-        else:
-            cap = WIDE_CAP_MULTIPLE * base_numel
+        multiple = WIDE_CAP_MULTIPLE["cpu" if self.device == "cpu" else "cuda"]
+        cap = multiple * (self.cap if self.cap > 0 else base_numel)
         if self.device != "cpu":
             free, _total = torch.cuda.mem_get_info()
             cap = min(cap, free // (4 * 8))

@@ -307,12 +307,14 @@ def main() -> None:
         return
     job, inits = _read_job()
     device = "cuda" if job["device"] != "cpu" else "cpu"
+    from . import interpreter_compat
+
     order = None
     if device == "cpu":
         torch.set_num_threads(1)
-        from . import interpreter_compat
-
         order = interpreter_compat.install()
+    else:
+        interpreter_compat.benchmark_autotune_with_events()
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
     verdicts = _Verdicts(_snapshot(), audit)
