@@ -204,3 +204,94 @@ def test_timer_notices_a_rebound_clock(monkeypatch):
     assert runner.timers_intact()
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     assert not runner.timers_intact()
+
+
+def test_a_candidate_hiding_work_from_the_timer_is_never_correct():
+    from extensions.verify.reward import compute_reward, is_cheating
+
+    assert is_cheating(["side_stream_suspected"]) and is_cheating(["timer_patched"])
+    assert compute_reward("timing", ["side_stream_suspected"], 3.0, VerifierConfig()) == 0.0
+    assert not is_cheating(["reduced_size"])
+
+
+# -- CUDA: run on a GPU machine with ``python -m pytest -q -m gpu tests/test_runtime_audit.py`` ---------
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+CUDA_PROBLEM_SIZES = "batch_size = 256\ndim = 65536"
+
+
+@pytest.fixture(scope="module")
+def cuda_config() -> VerifierConfig:
+    return VerifierConfig(device="cuda", timeout_s=300, multi_input_num_tests=2, timing_num_warmup=3,
+                          timing_num_trials=10, timing_budget_s=0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_uninitialised_tail_fails_the_second_run(problems, cuda_config):
+    """Writes only the first half of the output: the first run may find zeros in fresh memory; the
+    second, after freed memory was filled with NaN, cannot."""
+    code = RELU_LAUNCH.replace("{init}", "pass").replace("{forward}", "n = n // 2")
+    result = verify_code_unscreened(problems[(1, 19)]["code"], code, cuda_config, device="cuda")
+    assert not result.correct, result
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_copies_doing_the_work_next_to_a_decoy_launch_are_flagged(kernelbench_jsonl, cuda_config):
+    """Transpose-like work done by a copy kernel (x.t().contiguous()) with a one-element Triton
+    launch beside it: the Triton kernels' share of GPU time is tiny."""
+    problem = textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.t().contiguous()
+
+        rows = 4096
+        cols = 4096
+
+        def get_inputs():
+            return [torch.randn(rows, cols)]
+
+        def get_init_inputs():
+            return []
+    """)
+    code = RELU_LAUNCH.replace("{init}", "pass").replace("{forward}", "pass").replace(
+        "relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)\n            return y",
+        "relu_kernel[(1,)](x, y, 1, BLOCK=16)\n            return x.t().contiguous()")
+    result = verify_code_unscreened(problem, code, cuda_config, device="cuda")
+    assert not result.correct and "decoy_kernel" in result.flags, result
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_multi_config_autotune_is_accepted_and_timed(kernelbench_jsonl, cuda_config):
+    fixture = _fixture("kernelbench/rt_autotune_relu.py")
+    problem = catalog.load_problems(kernelbench_jsonl, {fixture.problem_key})[fixture.problem_key]["code"]
+    result = verify_code_unscreened(problem, fixture.text, cuda_config, device="cuda")
+    assert result.correct and result.stage == "timing", (result.flags, result.error)
+    assert "subprocess" not in result.flags
+
+
+def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
+    """The default suites run under bubblewrap; the runtime fixtures' verdicts hold under plain
+    process isolation too."""
+    files = [f for folder in ("cheats", "wrong", "kernelbench")
+             for f in catalog.load_folder(folder, require_expectation=False) if f.name.startswith("rt_")]
+    problems = catalog.load_problems(kernelbench_jsonl, {f.problem_key for f in files})
+    requests = [VerifyRequest(problems[f.problem_key]["code"], f.text, label=f"{f.path.parent.name}/{f.name}")
+                for f in files]
+    results = verify_batch(requests, VerifierConfig(isolation="process"), device="cpu", progress=False)
+    for fixture, result in zip(files, results):
+        assert result.isolation == "process"
+        should_pass = fixture.path.parent.name == "kernelbench"
+        assert result.correct == should_pass, f"{result.candidate}: {result.flags} {result.error}"
+        if fixture.path.parent.name == "cheats":
+            assert result.reward == 0.0 and result.flags, result.candidate
