@@ -290,7 +290,7 @@ def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
                 for f in files]
     results = verify_batch(requests, VerifierConfig(isolation="process"), device="cpu", progress=False)
     for fixture, result in zip(files, results):
-        assert result.isolation == "process"
+        assert result.isolation == ("none" if result.stage == "extract" else "process"), result
         should_pass = fixture.path.parent.name == "kernelbench"
         assert result.correct == should_pass, f"{result.candidate}: {result.flags} {result.error}"
         if fixture.path.parent.name == "cheats":

@@ -89,6 +89,16 @@ class ForwardReport:
     details: dict = field(default_factory=dict)
 
 
+def warm_up_profiler() -> None:
+    """Start and stop the C++ profiler once: its first start initialises Kineto (seconds), which a
+    worker does while it waits for its candidate rather than inside the first audited call."""
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+
+    with contextlib.suppress(Exception):
+        with profile(activities=[ProfilerActivity.CPU], experimental_config=_ExperimentalConfig(profile_all_threads=True)):
+            pass
+
+
 def _task_count() -> int:
     try:
         return len(os.listdir("/proc/self/task"))

@@ -67,8 +67,13 @@ class PreparedProblem:
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
 
 
+# The C++ profiler the audit runs logs each start/stop on stderr; those lines never explain a failure.
+_PROFILER_LOG_PREFIXES = ("USDT:", "STAGE:")
+
+
 def _tail_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in text.strip().splitlines()
+             if line.strip() and not line.startswith(_PROFILER_LOG_PREFIXES)]
     return lines[-1][:200] if lines else ""
 
 
@@ -171,8 +176,9 @@ class _Run:
             "sets": [self._set_job(s) for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
         }
-        with open(os.path.join(sandbox_dir, "job.json"), "w") as fh:
+        with open(os.path.join(sandbox_dir, "job.json.tmp"), "w") as fh:
             json.dump(job, fh)
+        os.replace(os.path.join(sandbox_dir, "job.json.tmp"), os.path.join(sandbox_dir, "job.json"))
         proc.send_line("go")
 
     def _set_job(self, set_info: dict) -> dict:

@@ -280,15 +280,25 @@ class _Verdicts:
         _write_json(name, status)
 
 
-def _snapshot():
+def _snapshot(device: str):
+    """The code a verdict depends on: this worker, the audit, the comparison, the tensor writer,
+    ``json`` (the status writer) and, on CUDA, the timer (imported now so that it is covered)."""
     import json as json_module
     import json.encoder
 
     from . import audit, compare, integrity, interpreter_compat, tensor_io
     from .integrity import CodeSnapshot
 
-    return CodeSnapshot([sys.modules[__name__], audit, compare, integrity, interpreter_compat, tensor_io,
-                         json_module, json.encoder])
+    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, tensor_io, json_module,
+               json.encoder]
+    if device != "cpu":
+        try:
+            from extensions.timing import measure, runners, schedule, stats
+        except Exception:  # noqa: BLE001 - the timer is optional; run_timing reports its absence
+            pass
+        else:
+            modules += [measure, runners, schedule, stats]
+    return CodeSnapshot(modules)
 
 
 def main() -> None:
@@ -301,8 +311,9 @@ def main() -> None:
     import torch
     import triton  # noqa: F401
 
-    from .audit import RuntimeAudit
+    from .audit import RuntimeAudit, warm_up_profiler
 
+    warm_up_profiler()
     if control.readline().strip() != "go":
         return
     job, inits = _read_job()
@@ -317,7 +328,7 @@ def main() -> None:
         interpreter_compat.benchmark_autotune_with_events()
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
-    verdicts = _Verdicts(_snapshot(), audit)
+    verdicts = _Verdicts(_snapshot(device), audit)
     try:
         with audit.construction() as report:
             model_cls, flags = import_candidate()
