@@ -295,3 +295,24 @@ def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
         assert result.correct == should_pass, f"{result.candidate}: {result.flags} {result.error}"
         if fixture.path.parent.name == "cheats":
             assert result.reward == 0.0 and result.flags, result.candidate
+
+
+def test_a_cpu_verdict_without_a_set_above_the_cap_says_reduced_size():
+    from extensions.verify.judge import PreparedProblem, _Run
+    from extensions.verify.result import VerifyResult
+
+    def verdict(shrunk: bool, sets_run: list[str]) -> VerifyResult:
+        run = _Run.__new__(_Run)
+        run.device = "cpu"
+        run.prepared = PreparedProblem(True, shrunk=shrunk, sets=[
+            {"name": "base", "kind": "base", "numel": 100},
+            {"name": "large", "kind": "wide", "numel": 400, "above_cap": True},
+        ])
+        run.result = VerifyResult("x", details={"sets_run": sets_run})
+        run._check_size_coverage()
+        return run.result
+
+    assert verdict(shrunk=True, sets_run=["base", "large"]).flags == []
+    skipped = verdict(shrunk=True, sets_run=["base"])
+    assert skipped.flags == ["reduced_size"] and "cap" in skipped.details["reduced_size"]
+    assert verdict(shrunk=False, sets_run=["base"]).flags == []  # the problem's own sizes ran
