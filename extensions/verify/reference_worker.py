@@ -406,7 +406,11 @@ def main() -> None:
             raise ValueError("no batch secret on stdin")
         run(sys.argv[1], secret)
     except Exception as exc:  # noqa: BLE001 - reported to the parent in one line
-        print(f"reference failed: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        import traceback
+
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"reference failed: {type(exc).__name__}: {str(exc)[:300]} "
+              f"({os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
         sys.exit(1)
 
 
