@@ -119,13 +119,15 @@ SOFTMAX_CANDIDATE = textwrap.dedent("""
 """)
 
 CORRECT = affine_candidate()
-RESPONSE = ("Here is the fused kernel.\n\n```python\n" + CORRECT.replace("BLOCK=64)", "BLOCK=64)  # launch")
-            + "\n```\n\nIt masks the tail.")
+RESPONSE = "Here is the fused kernel.\n\n```python\n" + CORRECT + "\n```\n\nIt masks the tail."
+# Same program but for a docstring, which a candidate can read at run time: judged on its own.
+DOCSTRING_TWIN = CORRECT.replace("def forward(self, x):\n", "def forward(self, x):\n        \"\"\"Twin.\"\"\"\n", 1)
 
 CASES = {
     "correct": (AFFINE_PROBLEM, CORRECT),
     "softmax": (SOFTMAX_PROBLEM, SOFTMAX_CANDIDATE),
     "duplicate_response": (AFFINE_PROBLEM, RESPONSE),
+    "docstring_twin": (AFFINE_PROBLEM, DOCSTRING_TWIN),
     "syntax_error": (AFFINE_PROBLEM, CORRECT.replace("def forward(self, x):", "def forward(self, x)")),
     "no_code": (AFFINE_PROBLEM, "I cannot write this kernel."),
     "import_error": (AFFINE_PROBLEM, affine_candidate(extra_import="from math import no_such_builtin_xyz")),
@@ -160,8 +162,10 @@ def test_correct_kernels_pass_every_input_set(results):
         r = results[name]
         assert (r.correct, r.stage, r.reward, r.error, r.flags) == (True, "full", 0.7, None, []), r
         assert r.speedup is None and r.isolation in ("bwrap", "process")
-        # tiny + base + shape/value variations
-        assert len(r.details["input_sets"]) == 4 and r.details["input_sets"][0] == "tiny"
+        # tiny + base + shape/value variations + one set wider than the problem's own
+        sets = r.details["input_sets"]
+        assert len(sets) == 5 and sets[0] == "tiny" and sets[-1].startswith("wide_dim"), sets
+        assert r.details["sets_run"] == sets
         assert all(n >= 1 for n in r.details["launches"])
 
 
@@ -169,6 +173,12 @@ def test_duplicates_are_judged_once(results):
     original, copy = results["correct"], results["duplicate_response"]
     assert not original.cached and copy.cached
     assert (copy.correct, copy.stage, copy.reward) == (True, "full", 0.7)
+
+
+def test_docstring_twin_is_judged_on_its_own(results):
+    assert DOCSTRING_TWIN != CORRECT and '"""Twin."""' in DOCSTRING_TWIN
+    twin = results["docstring_twin"]
+    assert not twin.cached and twin.correct
 
 
 def test_unparsable_candidates_stop_before_any_process(results):
@@ -217,12 +227,12 @@ def test_cheats_caught_at_run_time_score_zero(results):
 
 def test_rejected_early_counts(results):
     summary = summarize_results(list(results.values()))
-    assert summary["total"] == len(CASES) and summary["correct"] == 3 and summary["cached"] == 1
+    assert summary["total"] == len(CASES) and summary["correct"] == 4 and summary["cached"] == 1
     assert summary["rejected_at"]["extract"] == 1  # no code
     assert summary["rejected_at"]["static"] == 1  # syntax error
     assert summary["rejected_at"]["compile"] == 1  # import error
     assert summary["rejected_at"]["tiny"] == 6
-    assert summary["per_stage_reached"]["full"] == 3
+    assert summary["per_stage_reached"]["full"] == 4
     assert summary["flags"]["torch_compute"] == 1 and summary["flags"]["mutated_inputs"] == 1
 
 

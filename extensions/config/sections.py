@@ -166,7 +166,7 @@ class VerifierConfig:
     # ||out - ref|| / ||ref|| bound, so a near-zero output cannot hide under atol on small references
     max_relative_error: float = 1e-2
     min_reference_norm: float = 1e-6  # below this the reference is ~0 and only atol/rtol apply
-    seed: int = 42  # torch seed before get_init_inputs/Model/ModelNew; input set k uses seed + k
+    seed: int = 42  # construction seed (get_init_inputs, Model, ModelNew); input seeds are drawn per batch
     # staged evaluation
     enable_staged_eval: bool = True
     staged_skip_timing_on_failure: bool = True

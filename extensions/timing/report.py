@@ -16,7 +16,8 @@ FLAG_OUTPUT_REUSED = "output_reused"  # returned the storage of an earlier outpu
 FLAG_OUTPUT_MISMATCH = "output_mismatch_during_timing"  # disagreed with the reference: no speedup
 FLAG_SINGLE_INPUT_SET = "single_input_set"  # one input set: memoisation cannot be probed
 
-FLAGS_VOIDING_SPEEDUP = (FLAG_OUTPUT_REUSED, FLAG_OUTPUT_MISMATCH)
+FLAG_TIMER_PATCHED = "timer_patched"  # the clocks or CUDA events the timer reads were replaced
+FLAGS_VOIDING_SPEEDUP = (FLAG_OUTPUT_REUSED, FLAG_OUTPUT_MISMATCH, FLAG_TIMER_PATCHED)
 
 
 def _finite_or_none(value: Optional[float]) -> Optional[float]:

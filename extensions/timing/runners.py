@@ -38,25 +38,63 @@ def flatten_tensors(output: Any) -> list:
 
 
 def outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
-    """Same structure, shapes and dtypes, and values within the verifier's tolerances."""
+    """The verifier's own comparison (structure, shape, dtype, NaN/Inf positions, tolerances and
+    the relative-error bound), so the timer is never more lenient than correctness was."""
+    from extensions.verify.compare import compare_outputs
+
+    if not flatten_tensors(reference):
+        return False
+    return compare_outputs(candidate, reference, config) is None
+
+
+def fingerprint(output: Any) -> list:
+    """Per output tensor: its sum, a weighted sum (fixed pseudo-random weights in [0, 1)) and the
+    sum of absolute values, in float64 on the output's device (no host synchronisation)."""
     import torch
 
-    ref_tensors, cand_tensors = flatten_tensors(reference), flatten_tensors(candidate)
-    if len(ref_tensors) != len(cand_tensors) or not ref_tensors:
+    prints = []
+    for tensor in flatten_tensors(output):
+        values = torch.nan_to_num(tensor.detach().reshape(-1).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        positions = torch.arange(values.numel(), device=values.device, dtype=torch.float64)
+        weights = torch.frac(positions * 0.6180339887498949)
+        prints.append((torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()]), values.numel(),
+                       tensor.dtype))
+    return prints
+
+
+def fingerprints_close(reference: list, candidate: list, config: Any) -> bool:
+    """Whether two outputs' fingerprints differ by no more than element-wise closeness allows:
+    with |c - r| <= atol + rtol * |r| everywhere, a sum weighted by w in [0, 1] moves by at most
+    n * atol + rtol * sum|r|. Cheap enough for every timed call."""
+    import torch
+
+    if len(reference) != len(candidate):
         return False
-    for ref, cand in zip(ref_tensors, cand_tensors):
-        if ref.shape != cand.shape or ref.dtype != cand.dtype:
+    for (ref, n_ref, dtype_ref), (cand, n_cand, dtype_cand) in zip(reference, candidate):
+        if n_ref != n_cand or dtype_ref != dtype_cand:
             return False
-        if ref.dtype in (torch.float32, torch.float64):
+        if dtype_ref in (torch.float32, torch.float64):
             atol, rtol = config.atol_fp32, config.rtol_fp32
         else:
             atol, rtol = config.atol_low_precision, config.rtol_low_precision
-        if ref.is_floating_point() or ref.is_complex():
-            if not torch.allclose(cand, ref, atol=atol, rtol=rtol, equal_nan=True):
-                return False
-        elif not torch.equal(cand, ref):
+        bound = n_ref * atol + rtol * float(ref[2]) + 1e-9
+        difference = (cand[:2] - ref[:2]).abs().max()
+        if float(difference) > bound:
             return False
     return True
+
+
+def timer_bindings() -> list:
+    """What the timer reads its clocks through, as bound now: a candidate that rebinds any of these
+    (a class attribute of ``torch.cuda.Event``, ``torch.cuda.synchronize``, ``time.perf_counter``)
+    is caught by comparing with the bindings taken before it ran."""
+    import torch
+
+    bound = [(time, "perf_counter"), (time, "perf_counter_ns"), (time, "monotonic")]
+    if torch.cuda.is_available():
+        bound += [(torch.cuda, "Event"), (torch.cuda, "synchronize"), (torch.cuda, "current_stream")]
+        bound += [(torch.cuda.Event, name) for name in ("record", "elapsed_time", "synchronize", "query")]
+    return [(owner, name, getattr(owner, name, None)) for owner, name in bound]
 
 
 def _structure(input_set: Sequence[Any]) -> list:
@@ -117,7 +155,9 @@ class _RunnerBase:
         self.inputs = _LiveInputs(input_sets)
         self.config = config
         self._last: dict[str, Any] = {}
+        self._prints: dict[str, list] = {}
         self._previous_candidate: Any = None  # kept alive so its storage cannot be handed out again
+        self._timer_bindings = timer_bindings()
 
     @property
     def num_input_sets(self) -> int:
@@ -128,6 +168,12 @@ class _RunnerBase:
 
     def outputs_agree(self) -> bool:
         return outputs_close(self._last[REFERENCE], self._last[CANDIDATE], self.config)
+
+    def fingerprints_agree(self) -> bool:
+        return fingerprints_close(self._prints[REFERENCE], self._prints[CANDIDATE], self.config)
+
+    def timers_intact(self) -> bool:
+        return all(getattr(owner, name, None) is value for owner, name, value in self._timer_bindings)
 
     def output(self, role: str) -> Any:
         return self._last[role]
@@ -149,6 +195,7 @@ class _RunnerBase:
             reused = any(t.data_ptr() in earlier for t in flatten_tensors(output))
             self._previous_candidate = self._last.get(CANDIDATE)
         self._last[role] = output
+        self._prints[role] = fingerprint(output)  # after the timed region: costs no measured time
         return reused
 
 

@@ -180,7 +180,9 @@ class SpeedupScheduler:
             self.runner.load(index)
             for role in order:
                 timings[role] = self.runner.time_call(role)
-            agree = self.runner.outputs_agree() if check_outputs else True
+            # Every timed call's output is checked: a fingerprint always, the full comparison on
+            # the sampled pairs.
+            agree = self.runner.outputs_agree() if check_outputs else _fingerprints_agree(self.runner)
         except Exception as error:  # the model, not the timer, is at fault: say where it happened
             raise TimingError(f"{phase} pair on input set {index} failed: {type(error).__name__}: {error}") from error
         if timings[CANDIDATE].output_reused:
@@ -324,12 +326,20 @@ class SpeedupScheduler:
             report.add_flag(flags.FLAG_OUTPUT_REUSED)
         if self._mismatches:
             report.add_flag(flags.FLAG_OUTPUT_MISMATCH)
+        timers_intact = getattr(self.runner, "timers_intact", None)
+        if timers_intact is not None and not timers_intact():
+            report.add_flag(flags.FLAG_TIMER_PATCHED)
         if any(flag in report.flags for flag in flags.FLAGS_VOIDING_SPEEDUP):
             report.speedup = None
         if report.speedup is not None and report.speedup > settings.review_bound:
             report.add_flag(flags.FLAG_SPEEDUP_REVIEW)
         report.elapsed_s = self.clock() - started
         return report
+
+
+def _fingerprints_agree(runner: TrialRunner) -> bool:
+    check = getattr(runner, "fingerprints_agree", None)
+    return True if check is None else bool(check())
 
 
 def _cv_sort_key(measurement: Measurement) -> float:

@@ -5,7 +5,7 @@ The funnel, stopping at the first failure (``enable_staged_eval``):
     extract -> static -> compile -> tiny -> full -> timing (CUDA)
 
 Extraction and the static check run here in the parent (cheap, no process), so unparsable and
-cheating candidates cost nothing. Identical normalised code for the same problem is judged once.
+cheating candidates cost nothing. Identical candidate source for the same problem is judged once.
 Each problem's input sets and reference outputs are built once per batch by a trusted reference
 process (``reference_worker``); each surviving candidate then runs in its own sandboxed worker
 process (``worker``), which receives inputs, never expected outputs. The parent compares.
@@ -89,7 +89,7 @@ def _call_static_check(code: str, config):
 
 
 def screen(index: int, request: VerifyRequest, config) -> _Screened:
-    from .extract import extract_code, normalize_code
+    from .extract import extract_code
 
     label = request.label or f"candidate_{index}"
     item = _Screened(index, label)
@@ -115,7 +115,9 @@ def screen(index: int, request: VerifyRequest, config) -> _Screened:
     item.static_flags = flags
     item.notes["static"] = {"kernel_names": list(getattr(report, "kernel_names", []) or []),
                             "allowed_library_calls": list(getattr(report, "allowed_library_calls", []) or [])}
-    item.key = (_sha(request.problem_code), _sha(normalize_code(extraction.code)))
+    # The exact source, docstrings and comments included: a candidate can read its own text at run
+    # time, so two sources that differ only there are two programs.
+    item.key = (_sha(request.problem_code), _sha(extraction.code))
     return item
 
 

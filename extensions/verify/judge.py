@@ -1,15 +1,20 @@
 """Judge one candidate that passed the static check: reference data, sandboxed worker, comparison.
 
 ``ProblemPreparer`` builds a problem's input sets and reference outputs once per batch in a
-trusted reference process. ``judge_candidate`` runs the candidate's worker in the sandbox, feeds it
-one input set at a time, compares every output here in the parent (shape, dtype, tolerance,
-relative error, NaN/Inf, inputs unchanged) and stops at the first failure; on CUDA, after every
-set passed, it asks the worker to time the candidate while holding the GPU's lease.
+trusted reference process, from an input seed and value transforms drawn here per batch from the
+OS's secure random source (``draw_secret``: sent on the reference's stdin, never written to a
+file). The inputs stay in this process's memory. ``judge_candidate`` runs the candidate's worker in
+the sandbox and hands it one input set at a time, each written into its directory just before its
+``run`` (so nothing of the inputs exists while the candidate is imported and built); it compares
+every output here in the parent (shape, dtype, tolerance, relative error, NaN/Inf, inputs
+unchanged) and stops at the first failure; on CUDA, after every set passed, it asks the worker to
+time the candidate while holding the GPU's lease.
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -22,13 +27,28 @@ from .compare import compare_outputs, inputs_unchanged
 from .result import VerifyResult
 from .reward import CHEATING_FLAGS, compute_reward, is_cheating
 from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, load_tensors, unpack
+from .tensor_io import TensorIOError, load_tensors, pack, save_tensors, unpack
 
 _MAX_STATUS_BYTES = 1 << 20
-# Every problem's input file sits in <work_root>/inputs, bound read-only into each bwrap sandbox:
-# one candidate cannot alter the inputs of the next.
-INPUTS_DIR = "inputs"
-INSIDE_INPUTS_DIR = "/tmp/inputs"
+# The wide set (above the CPU cap) runs only if, at this many times the base set's time per
+# element, it fits the time left; otherwise the verdict says it was reached at reduced size.
+WIDE_SET_TIME_SAFETY = 2.0
+
+
+def draw_secret() -> dict:
+    """One batch's input seed and value-transform parameters, from the OS's secure random source.
+    They reach the trusted reference process only; no candidate can replay its inputs."""
+    rng = secrets.SystemRandom()
+    scale = rng.uniform(3.0, 5.0)
+    return {
+        "input_seed": secrets.randbits(62),
+        "transforms": {
+            "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
+            "scale_down": 10 ** rng.uniform(-3.5, -2.5),
+            "scale_up": 10 ** rng.uniform(1.5, 2.5),
+            "shift": rng.choice((-1.0, 1.0)) * rng.uniform(1.5, 3.5),
+        },
+    }
 
 
 @dataclass
@@ -38,17 +58,22 @@ class PreparedProblem:
     directory: str = ""
     source: str = ""  # the problem at the sizes used (shrunk on CPU)
     init: Any = None
+    inits: list = field(default_factory=list)  # constructor arguments per init index (0: base)
     sets: list[dict] = field(default_factory=list)
-    inputs: dict = field(default_factory=dict)  # the parent's copy, for the mutation check
+    inputs: dict = field(default_factory=dict)  # in memory only: handed out one set at a time
     expected: dict = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
 
-    inputs_file: str = ""  # <work_root>/inputs/<problem>.safetensors
+
+# The C++ profiler the audit runs logs each start/stop on stderr; those lines never explain a failure.
+_PROFILER_LOG_PREFIXES = ("USDT:", "STAGE:")
 
 
 def _tail_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in text.strip().splitlines()
+             if line.strip() and not line.startswith(_PROFILER_LOG_PREFIXES)]
     return lines[-1][:200] if lines else ""
 
 
@@ -81,6 +106,7 @@ class ProblemPreparer:
                     device=self.device, gpu_index=gpu, isolation="process",
                     max_output_bytes=cfg.max_output_bytes,
                 )
+                proc.send_line(json.dumps(draw_secret()))
                 # The reference runs several input sets and variations: a few timeouts' worth.
                 outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
         finally:
@@ -92,16 +118,15 @@ class ProblemPreparer:
             return PreparedProblem(False, _tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
         with open(prepared_path) as fh:
             data = json.load(fh)
-        expected_path = os.path.join(job_dir, "expected.safetensors")
-        inputs_file = os.path.join(self.work_root, INPUTS_DIR, os.path.basename(job_dir) + ".safetensors")
-        os.makedirs(os.path.dirname(inputs_file), exist_ok=True)
-        os.replace(os.path.join(job_dir, "inputs.safetensors"), inputs_file)
         prepared = PreparedProblem(
-            True, directory=job_dir, source=data["problem_source"], init=data["init"], sets=data["sets"],
-            inputs=load_tensors(inputs_file), inputs_file=inputs_file,
-            expected=load_tensors(expected_path), skipped=data["skipped"], notes=data["notes"],
+            True, directory=job_dir, source=data["problem_source"], init=data["init"],
+            inits=data.get("inits") or [data["init"]], sets=data["sets"],
+            inputs=load_tensors(os.path.join(job_dir, "inputs.safetensors")),
+            expected=load_tensors(os.path.join(job_dir, "expected.safetensors")),
+            skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")),
         )
-        os.remove(expected_path)  # expected outputs live in the parent's memory only
+        # Inputs and expected outputs live in the parent's memory only.
+        shutil.rmtree(job_dir, ignore_errors=True)
         return prepared
 
 
@@ -132,28 +157,53 @@ class _Run:
                  proc: SandboxedProcess, result: VerifyResult, timing: bool):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.result, self.proc = result, proc
+        self.base_seconds_per_element: Optional[float] = None
         sandbox_dir = proc.sandbox_dir
         with open(os.path.join(sandbox_dir, "candidate.py"), "w") as fh:
             fh.write(code)
-        if proc.isolation == "bwrap":
-            inputs_file = f"{INSIDE_INPUTS_DIR}/{os.path.basename(prepared.inputs_file)}"
-        else:
-            inputs_file = "inputs.safetensors"
-            shutil.copyfile(prepared.inputs_file, os.path.join(sandbox_dir, inputs_file))
         if timing:
             with open(os.path.join(sandbox_dir, "problem.py"), "w") as fh:
                 fh.write(prepared.source)
             timing = {"problem_file": "problem.py", "config": _plain_config(config)}
         else:
             timing = None
+        init_tensors: dict[str, Any] = {}
+        inits = [pack(unpack(spec, prepared.inputs), f"init{i}", init_tensors)
+                 for i, spec in enumerate(prepared.inits)]
+        save_tensors(os.path.join(sandbox_dir, "init.safetensors"), init_tensors)
         job = {
-            "device": device, "seed": config.seed, "init": prepared.init, "inputs_file": inputs_file,
-            "sets": [{"name": s["name"], "inputs": s["inputs"], "timing": s["timing"]} for s in prepared.sets],
+            "device": device, "seed": config.seed, "inits": inits, "init_file": "init.safetensors",
+            "sets": [self._set_job(s) for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
         }
-        with open(os.path.join(sandbox_dir, "job.json"), "w") as fh:
+        with open(os.path.join(sandbox_dir, "job.json.tmp"), "w") as fh:
             json.dump(job, fh)
+        os.replace(os.path.join(sandbox_dir, "job.json.tmp"), os.path.join(sandbox_dir, "job.json"))
         proc.send_line("go")
+
+    def _set_job(self, set_info: dict) -> dict:
+        """What the worker learns of a set before its run: no values. On CUDA the base set runs
+        twice (a kernel reading uninitialised memory gives two answers); on CPU the interpreter
+        runs the programs of every set past the base in a shuffled order, so a kernel that relies
+        on program order (a cross-program race) gives another answer."""
+        kind = set_info["kind"]
+        return {
+            "name": set_info["name"], "timing": set_info["timing"], "init": int(set_info.get("init", 0)),
+            "repeat": self.device != "cpu" and kind == "base",
+            "shuffle_programs": self.device == "cpu" and kind not in ("tiny", "base"),
+        }
+
+    def hand_over_inputs(self, stem: str, values_specs: list, **fields) -> None:
+        """Write the values of ``values_specs`` into the sandbox as ``stem``.safetensors plus
+        ``stem``.json (their structure and ``fields``; written last, atomically)."""
+        tensors: dict[str, Any] = {}
+        packed = [pack(unpack(spec, self.prepared.inputs), f"in{i}", tensors)
+                  for i, spec in enumerate(values_specs)]
+        save_tensors(self.proc.path(stem + ".safetensors"), tensors)
+        tmp = self.proc.path(stem + ".json.tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"values": packed, **fields}, fh)
+        os.replace(tmp, self.proc.path(stem + ".json"))
 
     def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
         """The worker's status file ``name``, or None with ``result.error`` saying why not."""
@@ -181,10 +231,18 @@ class _Run:
         all_ok = True
         for index, set_info in enumerate(prepared.sets):
             phase = "tiny" if set_info["kind"] == "tiny" else "full"
+            if set_info["kind"] == "wide" and not self._wide_set_fits(set_info, deadline):
+                self._note_reduced_size(f"skipped {set_info['name']}: not enough time left")
+                self.proc.send_line("skip")
+                continue
+            self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
+            started = time.monotonic()
             self.proc.send_line("run")
             status = self.wait(f"set_{index}.json", deadline, phase)
             if status is None:
                 return False
+            if set_info["kind"] == "base" and set_info.get("numel"):
+                self.base_seconds_per_element = (time.monotonic() - started) / set_info["numel"]
             ok = self._check_set(index, set_info, status, phase)
             if not ok:
                 all_ok = False
@@ -194,7 +252,27 @@ class _Run:
                 result.stage = "tiny"
         if all_ok:
             result.stage = "full"
+            self._check_size_coverage()
         return all_ok
+
+    def _wide_set_fits(self, set_info: dict, deadline: float) -> bool:
+        if self.device != "cpu" or self.base_seconds_per_element is None:
+            return True
+        estimate = self.base_seconds_per_element * set_info.get("numel", 0) * WIDE_SET_TIME_SAFETY
+        return time.monotonic() + estimate < deadline
+
+    def _note_reduced_size(self, why: str) -> None:
+        _add_flags(self.result, ["reduced_size"])
+        self.result.details["reduced_size"] = why
+
+    def _check_size_coverage(self) -> None:
+        """On CPU the base sizes are shrunk to the cap: unless a set above the cap ran, the verdict
+        holds at reduced size only, and the result says so."""
+        if self.device != "cpu" or not self.prepared.shrunk or "reduced_size" in self.result.flags:
+            return
+        ran = set(self.result.details.get("sets_run", []))
+        if not any(s.get("above_cap") for s in self.prepared.sets if s["name"] in ran):
+            self._note_reduced_size("no input set above the CPU element cap could be built")
 
     def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
         result, cfg = self.result, self.config
@@ -229,8 +307,26 @@ class _Run:
             result.error = result.error or f"{label}: {mismatch.message}"
             result.details.setdefault("mismatch", mismatch.reason)
             return False
+        if "output_repeat" in status:
+            try:
+                again = unpack(status["output_repeat"], tensors)
+            except (TensorIOError, KeyError) as exc:
+                result.error = result.error or f"{label}: unreadable second output ({str(exc)[:120]})"
+                return False
+            mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
+            if mismatch is not None:
+                result.error = result.error or (
+                    f"{label}: a second run on the same inputs differs ({mismatch.message}); "
+                    "uninitialised memory or a race?")
+                result.details.setdefault("mismatch", "second_run")
+                return False
         result.details.setdefault("launches", []).append(status.get("launches"))
+        result.details.setdefault("sets_run", []).append(set_info["name"])
         return True
+
+    def _hand_over_timing_inputs(self) -> None:
+        indices = [i for i, s in enumerate(self.prepared.sets) if s["timing"]]
+        self.hand_over_inputs("timing.in", [self.prepared.sets[i]["inputs"] for i in indices], sets=indices)
 
     def time_candidate(self) -> None:
         result, cfg = self.result, self.config
@@ -243,6 +339,7 @@ class _Run:
         try:
             # The lease keeps other verifier processes on this machine off the GPU while timing.
             with gpu_lease(self.gpu if self.gpu is not None else 0, timeout_s=cfg.timeout_s):
+                self._hand_over_timing_inputs()
                 self.proc.send_line("time")
                 status = self.wait("timing.json", time.monotonic() + cfg.timeout_s, "timing")
         except TimeoutError as exc:
@@ -298,11 +395,11 @@ def _judge_correctness(run: _Run, result: VerifyResult, deadline: float) -> bool
     compiled = run.wait("compile.json", deadline, "compile")
     if compiled is None:
         return False
+    _add_flags(result, compiled.get("flags"))
     if not compiled.get("ok"):
         result.error = f"compile: {str(compiled.get('error'))[:240]}"
         return False
     result.stage = "compile"
-    _add_flags(result, compiled.get("flags"))
     if is_cheating(result.flags):
         result.error = f"compile: {', '.join(f for f in result.flags if f in CHEATING_FLAGS)}"
         return False
@@ -316,8 +413,6 @@ class WorkerLauncher:
 
     def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool):
         self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
-        self.inputs_root = os.path.join(work_root, INPUTS_DIR)
-        os.makedirs(self.inputs_root, exist_ok=True)
         self.prespawn = prespawn
         self._to_start = total
         self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
@@ -325,11 +420,9 @@ class WorkerLauncher:
 
     def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
         sandbox_dir = tempfile.mkdtemp(prefix="cand-", dir=self.work_root)
-        ro_files = {self.inputs_root: INSIDE_INPUTS_DIR} if self.isolation == "bwrap" else None
         return SandboxedProcess(
             [sys.executable, "-m", "extensions.verify.worker"], sandbox_dir, device=self.device,
             gpu_index=gpu, isolation=self.isolation, max_output_bytes=self.config.max_output_bytes,
-            ro_files=ro_files,
         )
 
     def take(self, gpu: Optional[int]) -> SandboxedProcess:

@@ -1,17 +1,20 @@
 """Trusted reference process: build the input sets of one problem and the reference outputs.
 
-    python -m extensions.verify.reference_worker JOB_DIR
+    python -m extensions.verify.reference_worker JOB_DIR      (first stdin line: the batch secret)
 
-Reads ``JOB_DIR/job.json`` and ``JOB_DIR/problem.py``; writes ``inputs.safetensors`` (init inputs
-and every input set), ``expected.safetensors`` and, last, ``prepared.json``. It runs the problem's
-own code (trusted) in its own process so that a hang or an out-of-memory in the reference cannot
-take the verifier down; it never sees a candidate.
+Reads ``JOB_DIR/job.json``, ``JOB_DIR/problem.py`` and, from stdin, the secret the parent drew for
+this batch (input seed and value-transform parameters: never written to a file); writes
+``inputs.safetensors`` (init inputs and every input set), ``expected.safetensors`` and, last,
+``prepared.json``. It runs the problem's own code (trusted) in its own process so that a hang or an
+out-of-memory in the reference cannot take the verifier down; it never sees a candidate.
 
 Input sets: ``tiny`` (batch-like constants set to 2), ``base`` (the problem's sizes, shrunk on CPU
-to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes, kept only
-when ``get_init_inputs()`` is unchanged and the reference still runs) and other values (inputs
-scaled by 1e-3 and 100, mapped to both signs, shifted off zero), each with its own seed.
-A variation whose reference fails or turns non-finite is skipped and reported.
+to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes; constants that
+feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
+the same seed), other values (scaled down and up, mapped to both signs, shifted off zero, with
+parameters drawn per batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
+(and, on CPU, whose elements exceed the cap). A variation whose reference fails or turns
+non-finite is skipped and reported.
 """
 from __future__ import annotations
 
@@ -19,22 +22,33 @@ import json
 import os
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
-from .problem_constants import find_size_constants, is_batch_name, odd_size, rewrite_constants, shrink_step
+from .problem_constants import (find_size_constants, grown_size, is_batch_name, odd_size, rewrite_constants,
+                                shrink_step)
 from .tensor_io import pack
 
+TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
+# The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
+# with it; on CUDA its inputs cross the sandbox as files.
+WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then small values (a near-zero
 # output must fail), then large and shifted ones.
-TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
+VALUE_VARIATIONS = ("signed", "scale_down", "scale_up", "shift")
 
-VALUE_TRANSFORMS = {
-    "signed": lambda x: x * 4.0 - 2.0,
-    "scale_down": lambda x: x * 1e-3,
-    "scale_up": lambda x: x * 100.0,
-    "shift": lambda x: x + 2.5,
-}
+
+def value_transforms(params: dict) -> dict[str, Callable]:
+    """The value variations for one batch, from parameters the parent drew (see ``judge.draw_secret``):
+    ``signed`` ``x*a - b`` (times -1 or 1), ``scale_down``/``scale_up`` ``x*s``, ``shift`` ``x + s``."""
+    a, b, sign = params["signed"]
+    down, up, shift = float(params["scale_down"]), float(params["scale_up"]), float(params["shift"])
+    return {
+        "signed": lambda x: (x * a - b) * sign,
+        "scale_down": lambda x: x * down,
+        "scale_up": lambda x: x * up,
+        "shift": lambda x: x + shift,
+    }
 
 
 def load_problem(source: str, name: str = "problem") -> types.ModuleType:
@@ -147,47 +161,65 @@ def _transform(values: list, fn) -> list:
 
 
 class ReferenceBuilder:
-    def __init__(self, source: str, job: dict):
+    def __init__(self, source: str, job: dict, secret: dict):
         import torch
 
         self.job = job
         self.device = job["device"]
-        self.seed = int(job["seed"])
-        cap = int(job["max_input_numel"])
-        self.values, self.notes = shrink_to_cap(source, cap)
+        self.seed = int(job["seed"])  # construction seed: both models are built right after it
+        self.input_seed = int(secret["input_seed"])  # drawn per batch, never seen by a candidate
+        self.transforms = value_transforms(secret["transforms"])
+        self.cap = int(job["max_input_numel"])
+        self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
+        self.original_source = source
+        self.values, self.notes = shrink_to_cap(source, self.cap)
         self.base_source = rewrite_constants(source, self.values)
         self.base = load_problem(self.base_source)
         torch.manual_seed(self.seed)
-        self.init = list(self.base.get_init_inputs())
+        init = list(self.base.get_init_inputs())
         torch.manual_seed(self.seed)
-        self.model = self.base.Model(*self.init)
-        self.model = self.model.to(self.device)
+        # One (init inputs, model) per distinct constructor arguments; index 0 is the base.
+        self.inits: list[list] = [init]
+        self.models: list = [self.base.Model(*init).to(self.device)]
         self.sets: list[dict] = []
         self.base_output_rms = 0.0
         self.skipped: list[str] = []
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
-    def module_for(self, values: dict[str, int]) -> types.ModuleType | None:
-        """The problem at other sizes, if those sizes leave the init inputs unchanged."""
+    @property
+    def init(self) -> list:
+        return self.inits[0]
+
+    def module_at(self, values: dict[str, int]) -> types.ModuleType:
+        return load_problem(rewrite_constants(self.original_source, values))
+
+    def init_index(self, module: types.ModuleType) -> int:
+        """The index of ``module``'s constructor arguments, building its reference model if new."""
         import torch
 
-        module = load_problem(rewrite_constants(self.base_source, values))
         torch.manual_seed(self.seed)
-        if not same_init(list(module.get_init_inputs()), self.init):
-            return None
-        return module
+        init = list(module.get_init_inputs())
+        for index, known in enumerate(self.inits):
+            if same_init(known, init):
+                return index
+        torch.manual_seed(self.seed)
+        model = module.Model(*init).to(self.device)
+        self.inits.append(init)
+        self.models.append(model)
+        return len(self.inits) - 1
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False) -> bool:
         import torch
 
         try:
+            init_index = self.init_index(module)
             torch.manual_seed(seed)
             inputs = list(module.get_inputs())
             if transform is not None:
                 inputs = _transform(inputs, transform)
             with torch.no_grad():
-                out = self.model(*_to(inputs, self.device))
+                out = self.models[init_index](*_to(inputs, self.device))
             if self.device != "cpu":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
@@ -205,7 +237,8 @@ class ReferenceBuilder:
         if kind == "base":
             self.base_output_rms = _rms(out)
         self.sets.append({
-            "name": name, "kind": kind, "seed": seed, "timing": timing, "atol_scale": atol_scale,
+            "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
+            "numel": _numel(inputs),
             "inputs": pack(inputs, f"s{index}.in", self.tensors),
             "expected": pack(out, f"s{index}.out", self.expected),
         })
@@ -213,21 +246,22 @@ class ReferenceBuilder:
 
     def build(self) -> None:
         job = self.job
+        seed = self.input_seed
         if job["tiny_first"]:
             batch = {n: min(v, 2) for n, v in self.values.items() if is_batch_name(n) and v > 2}
-            module = self.module_for({**self.values, **batch}) if batch else None
-            if module is None or not self.try_add("tiny", "tiny", module, self.seed):
-                self.try_add("tiny", "tiny", self.base, self.seed + 1000)
+            module = self.module_at({**self.values, **batch}) if batch else None
+            if module is None or not self.try_add("tiny", "tiny", module, seed):
+                self.try_add("tiny", "tiny", self.base, seed + 1000)
         full_before = len(self.sets)
-        if not self.try_add("base", "base", self.base, self.seed, timing=True):
+        if not self.try_add("base", "base", self.base, seed, timing=True):
             raise RuntimeError(self.skipped[-1])
         wanted = max(1, int(job["num_tests"])) if job["multi_input"] else 1
-        values = list(VALUE_TRANSFORMS) if job["multi_input"] and job["value_variations"] else []
+        values = list(VALUE_VARIATIONS) if job["multi_input"] and job["value_variations"] else []
         variations = values[:1]
         if job["multi_input"] and job["shape_variations"]:
             variations.append("shape")
         variations += values[1:]
-        seed = self.seed + 1
+        seed += 1
         for variation in variations:
             if len(self.sets) - full_before >= wanted:
                 break
@@ -235,36 +269,109 @@ class ReferenceBuilder:
                 self._add_shape_variation(seed)
             else:
                 # Speed is measured on the problem's own value distribution, not on x100 inputs.
-                self.try_add(variation, "values", self.base, seed, VALUE_TRANSFORMS[variation])
+                self.try_add(variation, "values", self.base, seed, self.transforms[variation])
             seed += 1
-        while job["multi_input"] and len(self.sets) - full_before < wanted and seed < self.seed + 50:
-            self.try_add(f"seed_{seed}", "seed", self.base, seed, timing=True)
+        first_seed = self.input_seed
+        while job["multi_input"] and len(self.sets) - full_before < wanted and seed < first_seed + 50:
+            self.try_add(f"seed_{seed - first_seed}", "seed", self.base, seed, timing=True)
             seed += 1
         # Timing rotates through several distinct sets so a memoising candidate gains nothing.
         timed = sum(1 for s in self.sets if s["timing"])
-        while self.device != "cpu" and timed < TIMING_INPUT_SETS and seed < self.seed + 50:
-            timed += self.try_add(f"seed_{seed}", "seed", self.base, seed, timing=True)
+        while self.device != "cpu" and timed < TIMING_INPUT_SETS and seed < first_seed + 50:
+            timed += self.try_add(f"seed_{seed - first_seed}", "seed", self.base, seed, timing=True)
             seed += 1
+        if job["multi_input"] and job["shape_variations"]:
+            self._add_wide_set(seed)
 
     def _add_shape_variation(self, seed: int) -> None:
         eligible = {n: odd_size(v) for n, v in self.values.items() if v >= 4 and odd_size(v) != v}
         attempts = [eligible] + [{n: v} for n, v in eligible.items()] if eligible else []
         for changed in attempts[:6]:
             try:
-                module = self.module_for({**self.values, **changed})
+                module = self.module_at({**self.values, **changed})
             except Exception as exc:  # noqa: BLE001
                 self.skipped.append(f"shape {changed}: problem failed to load ({type(exc).__name__})")
-                continue
-            if module is None:
-                self.skipped.append(f"shape {changed}: changes get_init_inputs()")
                 continue
             if self.try_add("shape_" + "_".join(f"{n}{v}" for n, v in changed.items()), "shape", module, seed):
                 return
         if not attempts:
             self.skipped.append("shape: no module-level size constant to vary")
 
+    def _wide_cap(self, base_numel: int) -> int:
+        """Elements the wide set may hold: a multiple of the cap, or of the problem where uncapped
+        (on CUDA also bounded by the free memory: inputs, outputs and the candidate's copies)."""
+        import torch
 
-def run(job_dir: str) -> None:
+        multiple = WIDE_CAP_MULTIPLE["cpu" if self.device == "cpu" else "cuda"]
+        cap = multiple * (self.cap if self.cap > 0 else base_numel)
+        if self.device != "cpu":
+            free, _total = torch.cuda.mem_get_info()
+            cap = min(cap, free // (4 * 8))
+        return cap
+
+    def _wide_candidates(self) -> list[dict[str, int]]:
+        """Sizes above the problem's own: every non-batch constant grown (batch halved to fit),
+        then each of the largest grown alone (the others shrunk to fit)."""
+        growable = sorted((n for n, v in self.original_values.items() if v >= 4 and not is_batch_name(n)),
+                          key=lambda n: -self.original_values[n])
+        if not growable:
+            return []
+        grown = {n: grown_size(self.original_values[n]) for n in growable}
+        attempts = [{**self.original_values, **grown}]
+        attempts += [{**self.original_values, n: grown[n]} for n in growable[:3]]
+        return attempts
+
+    def _fit(self, values: dict[str, int], fixed: set[str], cap: int) -> dict[str, int] | None:
+        for _ in range(200):
+            try:
+                numel = meta_numel(rewrite_constants(self.original_source, values))
+            except Exception:  # noqa: BLE001 - a size combination the problem rejects
+                return None
+            if numel <= cap:
+                return values
+            batch = {n: v for n, v in values.items() if is_batch_name(n) and v > 1 and n not in fixed}
+            if batch:
+                name = max(batch, key=batch.get)
+                values = {**values, name: max(1, values[name] // 2)}
+                continue
+            free = {n: v for n, v in values.items() if n not in fixed}
+            smaller = shrink_step(free)
+            if smaller is None:
+                return None
+            values = {**values, **smaller}
+        return None
+
+    def _add_wide_set(self, seed: int) -> None:
+        base_numel = next(s["numel"] for s in self.sets if s["kind"] == "base")
+        cap = self._wide_cap(base_numel)
+        for attempt in self._wide_candidates():
+            grown = {n for n, v in attempt.items() if v > self.original_values[n]}
+            values = self._fit(attempt, grown, cap)
+            if values is None:
+                continue
+            try:
+                module = self.module_at(values)
+            except Exception as exc:  # noqa: BLE001
+                self.skipped.append(f"wide {values}: problem failed to load ({type(exc).__name__})")
+                continue
+            if self.try_add("wide_" + "_".join(f"{n}={values[n]}" for n in sorted(grown)), "wide", module, seed):
+                self._mark_above_cap(values)
+                return
+        if self.cap > 0 and self.values != self.original_values:
+            # Nothing wider than the problem fits: at least more elements than the cap, along the
+            # same halving path that shrank the base.
+            values, _notes = shrink_to_cap(self.original_source, cap)
+            if values != self.values and self.try_add("large", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
+                return
+        self.skipped.append("wide: no size above the problem's own fits")
+
+    def _mark_above_cap(self, values: dict[str, int]) -> None:
+        self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(
+            rewrite_constants(self.original_source, values)) > self.cap
+
+
+def run(job_dir: str, secret: dict) -> None:
     import torch
 
     from .tensor_io import save_tensors
@@ -274,14 +381,15 @@ def run(job_dir: str) -> None:
     with open(os.path.join(job_dir, "problem.py")) as fh:
         source = fh.read()
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
-    builder = ReferenceBuilder(source, job)
+    builder = ReferenceBuilder(source, job, secret)
     builder.build()
-    init_spec = pack(builder.init, "init", builder.tensors)
+    init_specs = [pack(init, f"init{i}", builder.tensors) for i, init in enumerate(builder.inits)]
     save_tensors(os.path.join(job_dir, "inputs.safetensors"), builder.tensors)
     save_tensors(os.path.join(job_dir, "expected.safetensors"), builder.expected)
     prepared = {
         "problem_source": builder.base_source, "constants": builder.values, "notes": builder.notes,
-        "init": init_spec, "sets": builder.sets, "skipped": builder.skipped,
+        "init": init_specs[0], "inits": init_specs, "sets": builder.sets, "skipped": builder.skipped,
+        "shrunk": builder.values != builder.original_values,
     }
     tmp = os.path.join(job_dir, "prepared.json.tmp")
     with open(tmp, "w") as fh:
@@ -293,9 +401,16 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit("usage: python -m extensions.verify.reference_worker JOB_DIR")
     try:
-        run(sys.argv[1])
+        secret = json.loads(sys.stdin.readline() or "null")
+        if not isinstance(secret, dict):
+            raise ValueError("no batch secret on stdin")
+        run(sys.argv[1], secret)
     except Exception as exc:  # noqa: BLE001 - reported to the parent in one line
-        print(f"reference failed: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        import traceback
+
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"reference failed: {type(exc).__name__}: {str(exc)[:300]} "
+              f"({os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
         sys.exit(1)
 
 

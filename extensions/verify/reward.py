@@ -23,6 +23,8 @@ CHEATING_FLAGS = frozenset({
     "subprocess",             # a process was started during forward
     "output_not_from_kernel",  # an output's storage was never written by a Triton launch
     "numpy_compute",          # a tensor went through NumPy during forward
+    "host_compute",           # more tensor data read into Python (tolist, item, float) than a few scalars
+    "decoy_kernel",           # CUDA: copies/fills took most of the GPU time, Triton a trivial part
     "side_stream",            # a kernel ran on another CUDA stream than forward's
     "non_triton_kernel",      # the GPU ran a kernel that is neither Triton's nor a copy/fill
     "inherits_reference",     # ModelNew derives from the reference Model
@@ -30,10 +32,14 @@ CHEATING_FLAGS = frozenset({
     "output_aliases_weight",  # forward returned a parameter/buffer's storage
     "mutated_inputs",         # forward wrote into its inputs
     "memoized_output",        # the last timed call's output does not match the reference
-    "audit_tampered",         # the runtime audit's hooks were removed
+    "audit_tampered",         # the audit's hooks, its profiler record or the worker's code changed
+    "timer_patched",          # the clocks or CUDA events the timer reads were replaced
     # from the timer (extensions.timing):
     "output_reused",          # a timed call returned the storage of an earlier output
     "output_mismatch_during_timing",  # a timed call disagreed with the reference
+    # work finished after the timed stream: the candidate hid work from the timer, and correctness
+    # runs cannot show that the hidden work is not the answer's
+    "side_stream_suspected",
 })
 
 # Reported, never zeroing.
@@ -42,8 +48,9 @@ ADVISORY_FLAGS = frozenset({
     "timing_unstable",        # the timer could not get a stable measurement
     "library_gemm_allowed",   # library GEMM/conv ran and the config allows it (see allowed_library_calls)
     # from the timer, which already charged the candidate for them:
-    "timing_budget_cut", "side_stream_suspected", "event_wall_mismatch", "memoization_suspected",
-    "single_input_set",
+    "timing_budget_cut", "event_wall_mismatch", "memoization_suspected", "single_input_set",
+    # CPU: no input set above the element cap ran (the verdict holds at the shrunk sizes)
+    "reduced_size",
 })
 
 

@@ -1,0 +1,201 @@
+"""What the Triton interpreter (``TRITON_INTERPRET=1``, the CPU verdict) lacks, added in the worker only.
+
+* ``@triton.autotune`` with several configs benchmarks them through the GPU driver, which the
+  interpreter does not have: here every config "measures" the same, so the first one is used (the
+  kernel's answer must not depend on the config anyway). On CUDA the configs are benchmarked with
+  CUDA events and no L2-flush fills (``benchmark_autotune_with_events``), so that the audited
+  forward's GPU time is the kernels' own.
+* ``triton.language.extra.libdevice`` functions are declarations without bodies (they compile to
+  CUDA's libdevice on a GPU) and return None in the interpreter: here the common ones compute with
+  NumPy/``math`` on the interpreter's arrays, at the argument's precision.
+* The interpreter runs a grid's programs one after another, in order, so a kernel whose answer
+  depends on program order (one program reading what another wrote without synchronisation) is
+  right by accident. ``ProgramOrder`` can run them in a shuffled order instead: a correct kernel
+  gives the same answer in any order. A kernel that waits on an earlier program (a spin-wait
+  look-back) cannot finish in the interpreter when the order is shuffled.
+
+Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
+(CUDA) is called by the worker before the candidate is imported.
+"""
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Callable, Optional
+
+import numpy as np
+
+
+def install() -> "ProgramOrder":
+    use_first_autotune_config()
+    make_libdevice_compute()
+    order = ProgramOrder()
+    order.install()
+    return order
+
+
+# -- autotune ------------------------------------------------------------------------------------
+
+def _equal_timings(kernel_call, quantiles=None, **_kwargs):
+    return [0.0, 0.0, 0.0] if quantiles else 0.0
+
+
+def use_first_autotune_config() -> None:
+    from triton.runtime.autotuner import Autotuner
+
+    # ``do_bench`` is a cached property that asks the (absent) driver for a benchmarker.
+    Autotuner.do_bench = property(lambda self: _equal_timings)
+
+
+def _event_timings(kernel_call, quantiles=None, **_kwargs):
+    """Median of a few CUDA-event timed calls. Triton's own benchmarker zeroes a 256 MB buffer
+    before every call to flush L2; in an audited forward those fills would outweigh the kernel and
+    read as copies doing the work, so the configs are compared without the flush."""
+    import torch
+
+    kernel_call()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        kernel_call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    middle = sorted(times)[len(times) // 2]
+    return [middle, middle, middle] if quantiles else middle
+
+
+def benchmark_autotune_with_events() -> None:
+    """On CUDA (worker only): multi-config autotune benchmarks with plain CUDA events."""
+    from triton.runtime.autotuner import Autotuner
+
+    Autotuner.do_bench = property(lambda self: _event_timings)
+
+
+# -- libdevice -----------------------------------------------------------------------------------
+
+def _round_half_away(x):
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _ieee_remainder(x, y):
+    return x - np.round(x / y) * y
+
+
+def _vectorised(fn: Callable) -> Callable:
+    ufunc = np.frompyfunc(fn, 1, 1)
+    return lambda x: ufunc(x).astype(x.dtype) if isinstance(x, np.ndarray) else fn(x)
+
+
+_FLOAT_FUNCTIONS: dict[str, Callable] = {
+    "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": np.rint,
+    "nearbyint": np.rint, "round": _round_half_away, "sqrt": np.sqrt, "sqrt_rn": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x), "rsqrt_rn": lambda x: 1 / np.sqrt(x), "rcp_rn": lambda x: 1 / x,
+    "cbrt": np.cbrt, "rcbrt": lambda x: 1 / np.cbrt(x), "exp": np.exp, "exp2": np.exp2,
+    "exp10": lambda x: np.power(np.asarray(10, x.dtype), x), "expm1": np.expm1, "log": np.log,
+    "log2": np.log2, "log10": np.log10, "log1p": np.log1p, "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "sinpi": lambda x: np.sin(np.pi * x), "cospi": lambda x: np.cos(np.pi * x), "asin": np.arcsin,
+    "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "saturatef": lambda x: np.clip(x, 0, 1),
+    "fast_expf": np.exp, "fast_logf": np.log, "fast_log2f": np.log2, "fast_log10f": np.log10,
+    "fast_sinf": np.sin, "fast_cosf": np.cos, "fast_tanf": np.tan, "fast_tanhf": np.tanh,
+    "fast_exp10f": lambda x: np.power(np.asarray(10, x.dtype), x),
+    "erf": _vectorised(math.erf), "erfc": _vectorised(math.erfc), "lgamma": _vectorised(math.lgamma),
+    "tgamma": _vectorised(math.gamma),
+    "normcdf": lambda x: 0.5 * _vectorised(math.erfc)(-x / np.sqrt(np.asarray(2, x.dtype))),
+    # binary
+    "pow": np.power, "fast_powf": np.power, "atan2": np.arctan2, "hypot": np.hypot,
+    "copysign": np.copysign, "fmod": np.fmod, "remainder": _ieee_remainder, "nextafter": np.nextafter,
+    "fdim": lambda x, y: np.maximum(x - y, 0), "div_rn": np.divide, "fast_dividef": np.divide,
+    "add_rn": np.add, "sub_rn": np.subtract, "mul_rn": np.multiply,
+    "rhypot": lambda x, y: 1 / np.hypot(x, y),
+    # ternary
+    "fma": lambda x, y, z: x * y + z, "fma_rn": lambda x, y, z: x * y + z,
+}
+_PREDICATES: dict[str, Callable] = {
+    "isnan": np.isnan, "isinf": np.isinf, "signbit": np.signbit, "finitef": np.isfinite,
+    "isfinited": np.isfinite,
+}
+
+
+def _libdevice_function(name: str, np_fn: Callable, predicate: bool) -> Callable:
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def compute(*args, _semantic=None, **_kwargs):
+        tensors = [a for a in args if isinstance(a, tl.tensor)]
+        if not tensors:
+            raise TypeError(f"libdevice.{name} needs a tensor argument in the interpreter")
+        element = tensors[0].dtype
+        np_dtype = tensors[0].handle.data.dtype
+        values = [a.handle.data if isinstance(a, tl.tensor) else np.asarray(getattr(a, "value", a), np_dtype)
+                  for a in args]
+        with np.errstate(all="ignore"):
+            data = np.asarray(np_fn(*values))
+        if predicate:
+            data, element = data.astype(np.int32), tl.int32
+        else:
+            data = data.astype(np_dtype)
+        block = tensors[0].type
+        shape = list(data.shape)
+        kind = tl.block_type(element, shape) if shape and isinstance(block, tl.block_type) else element
+        return tl.core.tensor(TensorHandle(data, element), kind)
+
+    compute.__name__ = name
+    return compute
+
+
+def make_libdevice_compute() -> None:
+    import importlib
+
+    for module_name in ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, fn in _FLOAT_FUNCTIONS.items():
+            if hasattr(module, name):
+                setattr(module, name, _libdevice_function(name, fn, predicate=False))
+        for name, fn in _PREDICATES.items():
+            if hasattr(module, name):
+                setattr(module, name, _libdevice_function(name, fn, predicate=True))
+
+
+# -- program order -------------------------------------------------------------------------------
+
+class ProgramOrder:
+    """Maps the interpreter's in-order program indices through a fresh random permutation of the
+    grid while ``shuffled`` is set (every program still runs exactly once)."""
+
+    def __init__(self):
+        self.shuffled = False
+        self._permutation: Optional[np.ndarray] = None
+        self._dims = (1, 1, 1)
+
+    def install(self) -> None:
+        from triton.runtime import interpreter
+
+        builder = interpreter.interpreter_builder
+        set_dim, set_idx = builder.set_grid_dim, builder.set_grid_idx
+        order = self
+
+        def set_grid_dim(x, y, z):
+            order._dims = (int(x), int(y), int(z))
+            total = order._dims[0] * order._dims[1] * order._dims[2]
+            order._permutation = None
+            if order.shuffled and total > 1:
+                rng = np.random.default_rng(secrets.randbits(64))
+                order._permutation = rng.permutation(total)
+            return set_dim(x, y, z)
+
+        def set_grid_idx(x, y, z):
+            if order._permutation is not None:
+                _gx, gy, gz = order._dims
+                linear = int(order._permutation[(x * gy + y) * gz + z])
+                x, rest = divmod(linear, gy * gz)
+                y, z = divmod(rest, gz)
+            return set_idx(x, y, z)
+
+        builder.set_grid_dim = set_grid_dim
+        builder.set_grid_idx = set_grid_idx
