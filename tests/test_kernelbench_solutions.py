@@ -18,11 +18,7 @@ SOLUTION_NAMES = [solution.name for solution in SOLUTIONS]
 
 # Correct solutions the verifier is known to reject at run time in the CPU interpreter: each a
 # strict xfail there, so the entry must go as soon as the false reject is fixed.
-KNOWN_CPU_FALSE_REJECTS: dict[str, str] = {
-    "l1_021_sigmoid_autotune.py": "multi-config @triton.autotune needs a driver to benchmark with; "
-                                  "the CPU interpreter has none",
-    "l1_026_gelu_libdevice.py": "libdevice functions are stubs that return None in the interpreter",
-}
+KNOWN_CPU_FALSE_REJECTS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
