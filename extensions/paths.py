@@ -4,7 +4,7 @@ No script joins a run path by hand: training saves where evaluation and resume l
 this module. Layout (see README, "Run layout"):
 
     ROOT/data/processed/   sft_train.jsonl sft_val.jsonl difficulty_labels.jsonl rl_tasks.jsonl
-                           eval_tasks.jsonl prepare_report.json
+                           eval_tasks.jsonl prepare_report.json retrieval/ (worked-example index)
     ROOT/checkpoints/      sft/checkpoint-N/ sft/final/ rl/round-NNN/ rl/final/
     ROOT/outputs/          eval_<name>.json generations_<name>.jsonl compare.{json,md,png}
     ROOT/logs/             metrics, TensorBoard events, per-round candidate logs
@@ -60,6 +60,10 @@ class RunPaths:
     @property
     def prepare_report(self) -> Path:
         return self.processed / "prepare_report.json"
+
+    @property
+    def retrieval_index(self) -> Path:
+        return retrieval_index_dir(self.processed)
 
     # checkpoints ------------------------------------------------------------------------------
     @property
@@ -125,6 +129,11 @@ class RunPaths:
     @property
     def compare_png(self) -> Path:
         return self.outputs / "compare.png"
+
+
+def retrieval_index_dir(processed: Path) -> Path:
+    """The worked-example index inside a ``data/processed`` directory (also one given by --out)."""
+    return Path(processed) / "retrieval"
 
 
 def checkpoint_index(path: Path) -> int | None:

@@ -22,6 +22,7 @@ from .sections import (
     LoggingConfig,
     LoraConfig,
     ModelConfig,
+    PromptConfig,
     RLConfig,
     RunConfig,
     SFTConfig,
@@ -39,6 +40,7 @@ class PipelineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
@@ -93,6 +95,6 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
 
 __all__ = [
     "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
-    "ModelConfig", "PipelineConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
+    "ModelConfig", "PipelineConfig", "PromptConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
     "add_config_args", "config_from_args", "load_config", "to_dict", "build", "override",
 ]

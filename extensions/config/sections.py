@@ -57,6 +57,24 @@ class DataConfig:
     # Drop solutions that hand the math to vendor kernels (inductor's extern_kernels.mm, aten.*):
     # the verifier rejects them, so training on them teaches what RL then punishes.
     drop_library_kernel_solutions: bool = True
+    # Worked-example index over the SFT training pairs (data/processed/retrieval/), for prompt.mode
+    # raicl. lexical: BM25 over the normalised code tokens (bm25s, no download); dense: a
+    # sentence-transformers embedding model and FAISS (both installed by the user).
+    retrieval: Literal["lexical", "dense"] = "lexical"
+    retrieval_dense_model: str = "flax-sentence-embeddings/st-codesearch-distilroberta-base"
+
+
+@dataclass
+class PromptConfig:
+    """How a task is asked: the same builder serves SFT data, RL rollouts and evaluation."""
+
+    # plain: the task alone; raicl: the task after the raicl_k most similar KernelBook pairs
+    # (retrieval-augmented in-context learning), from the index prepare_data.py builds.
+    mode: Literal["plain", "raicl"] = "plain"
+    raicl_k: int = 3
+    # Characters of worked examples (task + solution) one prompt may hold; an example that does not
+    # fit is left out (counted), so long pairs cannot push the task out of the context.
+    raicl_max_example_chars: int = 12000
 
 
 @dataclass
