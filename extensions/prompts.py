@@ -64,3 +64,20 @@ def add_worked_examples(messages: list[dict[str, str]],
                         for i, (task, solution) in enumerate(examples, 1))
     *head, last = messages
     return [*head, {**last, "content": f"{EXAMPLES_INTRO}\n\n{shown}\n\nThe task.\n\n{last['content']}"}]
+
+
+REFINE_INSTRUCTIONS = """\
+The verifier checked your previous answer.
+
+{feedback}
+
+Write an improved version: the complete Python module with `class ModelNew` in one ```python code \
+block."""
+
+
+def refinement_turns(previous_response: str, feedback: str) -> list[dict[str, str]]:
+    """The chat turns a refinement adds: the model's own previous answer, then the verdict on it."""
+    return [
+        {"role": "assistant", "content": previous_response},
+        {"role": "user", "content": REFINE_INSTRUCTIONS.format(feedback=feedback.strip())},
+    ]
