@@ -7,6 +7,7 @@ this module. Layout (see README, "Run layout"):
                            eval_tasks.jsonl prepare_report.json retrieval/ (worked-example index)
     ROOT/checkpoints/      sft/checkpoint-N/ sft/final/ rl/round-NNN/ rl/final/
     ROOT/outputs/          eval_<name>.json generations_<name>.jsonl compare.{json,md,png}
+                           trajectories_<name>.jsonl turns_<name>.png (multi-turn evaluation)
     ROOT/logs/             metrics, TensorBoard events, per-round candidate logs
 """
 from __future__ import annotations
@@ -117,6 +118,13 @@ class RunPaths:
 
     def generations(self, name: str) -> Path:
         return self.outputs / f"generations_{name}.jsonl"
+
+    def trajectories(self, name: str) -> Path:
+        """Multi-turn evaluation: every turn's response, verdict and feedback per trajectory."""
+        return self.outputs / f"trajectories_{name}.jsonl"
+
+    def turns_plot(self, name: str) -> Path:
+        return self.outputs / f"turns_{name}.png"
 
     @property
     def compare_json(self) -> Path:

@@ -3,16 +3,14 @@
 SFT data, RL rollouts and evaluation all ask through a ``PromptBuilder``, so train and test see the
 same format. In ``raicl`` mode the ``raicl_k`` KernelBook pairs most similar to the task are shown
 before it, best first, as long as they fit ``raicl_max_example_chars``; the task itself is never
-among them (see ``extensions.retrieval``).
+among them (see ``extensions.data.retrieval``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .prompts import add_worked_examples, build_messages
-from .retrieval import ExampleRetriever
 
 PROMPT_MODES = ("plain", "raicl")
 
@@ -22,7 +20,7 @@ class PromptBuilder:
     mode: str = "plain"
     k: int = 3
     max_example_chars: int = 12000
-    retriever: Optional[ExampleRetriever] = None
+    retriever: Optional[Any] = None  # an extensions.data.retrieval.ExampleRetriever in raicl mode
     examples_over_budget: int = 0  # retrieved examples left out because they did not fit
     prompts_built: int = 0
     examples_shown: int = 0
@@ -40,11 +38,10 @@ class PromptBuilder:
                 raise ValueError("prompt.mode raicl needs a retrieval index (run prepare_data.py)")
 
     @classmethod
-    def from_config(cls, prompt_cfg, data_cfg, index_dir: Path) -> "PromptBuilder":
-        """The builder ``prompt_cfg`` asks for; raicl opens the index in ``index_dir``."""
-        retriever = None
-        if prompt_cfg.mode == "raicl":
-            retriever = ExampleRetriever.open(index_dir, data_cfg.retrieval_dense_model)
+    def from_config(cls, prompt_cfg, open_retriever: Callable[[], Any]) -> "PromptBuilder":
+        """The builder ``prompt_cfg`` asks for; ``open_retriever`` is called in raicl mode only (plain
+        prompts need no index)."""
+        retriever = open_retriever() if prompt_cfg.mode == "raicl" else None
         return cls(prompt_cfg.mode, prompt_cfg.raicl_k, prompt_cfg.raicl_max_example_chars, retriever)
 
     def examples_for(self, task_code: str, task_id: Optional[str] = None) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ from extensions.data.dedup import code_shingles, jaccard
 from extensions.data.kernelbook import rename_class
 from extensions.paths import RunPaths, retrieval_index_dir
 from extensions.prompt_builder import PromptBuilder
-from extensions.retrieval import Example, ExampleRetriever, RetrievalUnavailable, build_index
+from extensions.data.retrieval import Example, ExampleRetriever, RetrievalUnavailable, build_index
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
 
@@ -62,7 +62,7 @@ def test_index_holds_the_sft_training_pairs_and_reports_its_size(prepared):
 
 def test_no_task_retrieves_itself_or_an_evaluation_task(prepared):
     cfg, out, _report = prepared
-    builder = PromptBuilder.from_config(cfg.prompt, cfg.data, retrieval_index_dir(out))
+    builder = PromptBuilder.from_config(cfg.prompt, lambda: ExampleRetriever.open(retrieval_index_dir(out)))
     eval_tasks = _read_jsonl(out / "eval_tasks.jsonl")
     eval_shingles = [code_shingles(t["code"]) for t in eval_tasks]
     code_of = {e.example_id: e.task_code for e in builder.retriever.examples}
@@ -124,7 +124,7 @@ def test_bad_prompt_settings_and_missing_index_name_the_problem(tmp_path):
         PromptBuilder("raicl", k=0, retriever=object())
     cfg = load_config(SMOKE, ["prompt.mode=raicl"])
     with pytest.raises(RetrievalUnavailable, match="run prepare_data.py"):
-        PromptBuilder.from_config(cfg.prompt, cfg.data, tmp_path / "nowhere")
+        PromptBuilder.from_config(cfg.prompt, lambda: ExampleRetriever.open(tmp_path / "nowhere"))
 
 
 def test_dense_backend_without_its_packages_errors_clearly(tmp_path):

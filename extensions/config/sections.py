@@ -75,6 +75,9 @@ class PromptConfig:
     # Characters of worked examples (task + solution) one prompt may hold; an example that does not
     # fit is left out (counted), so long pairs cannot push the task out of the context.
     raicl_max_example_chars: int = 12000
+    # Multi-turn prompts (task + earlier kernels + feedback) above this many tokens drop their
+    # oldest refinement rounds first; the latest round always stays.
+    max_prompt_tokens: int = 6144
 
 
 @dataclass
@@ -200,6 +203,9 @@ class EvalConfig:
     compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
     # Processes that generate, one per GPU; 0: one per visible GPU (1 when model.device_map is set).
     generation_workers: int = 0
+    # Refinement turns per trajectory (evaluate.py --turns): turn t sees the task, its previous
+    # kernel and the verifier's feedback; a trajectory stops at a correct kernel. 1: one attempt.
+    turns: int = 1
     bootstrap_samples: int = 2000
 
 

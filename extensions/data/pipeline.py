@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional
 from ..paths import retrieval_index_dir
 from ..prompt_builder import PromptBuilder
 from ..prompts import format_completion
-from ..retrieval import Example, build_index, index_is_complete
+from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
@@ -70,7 +70,7 @@ def _code_fingerprint() -> str:
     here = Path(__file__).resolve().parent
     library = here.parent
     for path in [*(here / name for name in _CODE_FILES), library / "prompts.py", library / "prompt_builder.py",
-                 *sorted((library / "retrieval").glob("*.py"))]:
+                 *sorted((here / "retrieval").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -232,7 +232,8 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     retrieval_meta = build_index(
         (Example(pair_id(uuid), by_uuid[uuid].pair.task_code, by_uuid[uuid].pair.solution_code)
          for uuid in split.train), index_dir, data_cfg.retrieval, data_cfg.retrieval_dense_model)
-    prompts = PromptBuilder.from_config(cfg.prompt, data_cfg, index_dir)
+    prompts = PromptBuilder.from_config(
+        cfg.prompt, lambda: ExampleRetriever.open(index_dir, data_cfg.retrieval_dense_model))
 
     def sft_rows(ids):
         for uuid in ids:

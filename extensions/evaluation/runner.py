@@ -62,17 +62,21 @@ class VerificationError(RuntimeError):
 # generation
 
 
-def _header(model_path: str, settings: EvalSettings) -> dict[str, Any]:
+PLAIN_PROMPT = {"mode": "plain"}
+
+
+def _header(model_path: str, settings: EvalSettings, prompt: dict) -> dict[str, Any]:
     return {
         "model_path": model_path,
         "sampling": settings.sampling_key(),
-        "prompt": "extensions.prompts.build_messages",
+        "prompt": prompt,  # PromptBuilder.describe(): a change of prompt mode or examples regenerates
         "created_unix": time.time(),
     }
 
 
-def _same_settings(header: Optional[dict], model_path: str, settings: EvalSettings) -> bool:
-    return bool(header) and header.get("model_path") == model_path and header.get("sampling") == settings.sampling_key()
+def _same_settings(header: Optional[dict], model_path: str, settings: EvalSettings, prompt: dict) -> bool:
+    return (bool(header) and header.get("model_path") == model_path
+            and header.get("sampling") == settings.sampling_key() and header.get("prompt") == prompt)
 
 
 def _write_rows(path: Path, header: dict, rows: Sequence[dict], mode: str) -> None:
@@ -99,7 +103,7 @@ def _chunk_seed(base_seed: int, chunk: Sequence[EvalTask]) -> int:
 
 
 def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
-                  settings: EvalSettings, log=print) -> list[EvalTask]:
+                  settings: EvalSettings, log=print, prompt: Optional[dict] = None) -> list[EvalTask]:
     """Tasks still to generate; prepares ``path`` so that new rows can be appended to it.
 
     Saved rows are reused when the file's header names the same model and sampling settings; rows
@@ -107,12 +111,13 @@ def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
     those tasks generated again. A file with other settings is kept as ``<name>.old``.
     """
     path = Path(path)
-    header = _header(model_path, settings)
+    prompt = prompt or PLAIN_PROMPT
+    header = _header(model_path, settings, prompt)
     if not path.is_file():
         _write_rows(path, header, [], "w")
         return list(tasks)
     saved = read_generations(path)
-    if not _same_settings(saved.header, model_path, settings):
+    if not _same_settings(saved.header, model_path, settings, prompt):
         old = path.with_name(path.name + ".old")
         os.replace(path, old)
         log(f"{path} was generated with other settings (or has no header); moved to {old}, generating anew")
@@ -136,14 +141,20 @@ def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str,
 
 def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings, model_cfg,
                        generations_path: Path, *, progress: bool = True, log=print,
-                       workers: int = 0) -> GenerationsFile:
+                       workers: int = 0, prompts=None) -> GenerationsFile:
     """Generate ``samples_per_task`` responses per task (reusing saved ones) and return the saved file.
 
     ``workers``: generation processes, one per GPU (0: one per visible GPU unless ``model_cfg``
-    shards one model over all of them with ``device_map``).
+    shards one model over all of them with ``device_map``). ``prompts``: the ``PromptBuilder``
+    (default: plain prompts).
     """
-    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log)
+    from ..prompt_builder import PromptBuilder
+
+    prompts = prompts or PromptBuilder()
+    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log, prompt=prompts.describe())
     if todo:
+        # Built here, once: worker processes receive the messages and need no retrieval index.
+        messages = {t.task_id: prompts.messages(t.code, t.task_id) for t in todo}
         if settings.samples_per_task > 1 and settings.temperature == 0:
             log("warning: several samples per task with temperature 0 (greedy) are identical; pass@k>1 "
                 "then says nothing more than pass@1")
@@ -151,10 +162,12 @@ def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: Eva
         chunks = [todo[start:start + per_chunk] for start in range(0, len(todo), per_chunk)]
         count = min(generation_workers(workers, model_cfg), len(chunks))
         if count <= 1:
-            generate_chunks(generations_path, model_path, chunks, settings, model_cfg, progress=progress)
+            generate_chunks(generations_path, model_path, chunks, settings, model_cfg, progress=progress,
+                            messages=messages)
         else:
             log(f"generating {len(todo)} tasks in {count} processes, one per GPU")
-            _generate_in_workers(generations_path, model_path, chunks, settings, model_cfg, count, progress)
+            _generate_in_workers(generations_path, model_path, chunks, settings, model_cfg, count, progress,
+                                 messages)
     return read_generations(generations_path)
 
 
@@ -176,7 +189,7 @@ def _visible_gpus(count: int) -> list[str]:
 
 
 def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask]], settings: EvalSettings,
-                         model_cfg, count: int, progress: bool) -> None:
+                         model_cfg, count: int, progress: bool, messages: dict) -> None:
     import subprocess
     import sys
     import tempfile
@@ -193,6 +206,7 @@ def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask
                 "model_cfg": asdict(model_cfg), "settings": asdict(settings),
                 "chunks": [[asdict(task) for task in chunk] for chunk in chunks[worker::count]],
                 "progress": progress, "worker": worker,
+                "messages": {t.task_id: messages[t.task_id] for chunk in chunks[worker::count] for t in chunk},
             }
             spec_path = Path(workdir) / f"worker-{worker}.json"
             spec_path.write_text(json.dumps(spec))
@@ -209,8 +223,11 @@ def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask
 
 
 def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalTask]], settings: EvalSettings,
-                    model_cfg, *, progress: bool, position: int = 0) -> None:
-    """Generate ``chunks`` in this process, appending each finished chunk to ``path``."""
+                    model_cfg, *, progress: bool, position: int = 0,
+                    messages: Optional[dict[str, list[dict]]] = None) -> None:
+    """Generate ``chunks`` in this process, appending each finished chunk to ``path``.
+
+    ``messages``: each task's prompt by task id (default: the plain prompt of its code)."""
     from tqdm.auto import tqdm
 
     from ..modeling import load_for_inference
@@ -228,7 +245,8 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
                 batch_size=settings.generation_batch_size, compile_step=settings.compile_decode,
             )
             responses = sample_completions(
-                model, tokenizer, [build_messages(t.code) for t in chunk], settings.samples_per_task,
+                model, tokenizer, [messages[t.task_id] if messages else build_messages(t.code) for t in chunk],
+                settings.samples_per_task,
                 params, progress=False,
             )
             rows = [generation_row(task, i, text) for task, texts in zip(chunk, responses)

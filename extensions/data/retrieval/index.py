@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..data.dedup import canonical_tokens, exact_key
+from ..dedup import canonical_tokens, exact_key
 
 EXAMPLES_FILE = "examples.jsonl"
 META_FILE = "meta.json"
