@@ -2,8 +2,8 @@
 
 SFT data, RL rollouts and evaluation all ask through a ``PromptBuilder``, so train and test see the
 same format. In ``raicl`` mode the ``raicl_k`` KernelBook pairs most similar to the task are shown
-before it, best first, as long as they fit ``raicl_max_example_chars``; the task itself is never
-among them (see ``extensions.data.retrieval``).
+before it, best first, as long as they fit ``raicl_max_example_chars`` (one that does not fit gives
+its place to the next most similar of the 4k nearest); the task itself is never among them (see ``extensions.data.retrieval``).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 from .prompts import add_worked_examples, build_messages
 
 PROMPT_MODES = ("plain", "raicl")
+_CANDIDATES_PER_EXAMPLE = 4
 
 
 @dataclass
@@ -51,9 +52,14 @@ class PromptBuilder:
         key = (task_id, task_code)
         if key in self._cache:
             return self._cache[key]
-        hits = self.retriever.search(task_code, self.k, exclude_ids=[task_id] if task_id else [])
+        # A few more candidates than k, so that an example too long for the budget gives its place
+        # to the next most similar one instead of leaving the prompt without examples.
+        hits = self.retriever.search(task_code, _CANDIDATES_PER_EXAMPLE * self.k,
+                                     exclude_ids=[task_id] if task_id else [])
         chosen, used = [], 0
         for example, _score in hits:
+            if len(chosen) == self.k:
+                break
             size = len(example.task_code) + len(example.solution_code)
             if used + size > self.max_example_chars:
                 self.examples_over_budget += 1

@@ -108,10 +108,14 @@ def test_example_budget_leaves_out_what_does_not_fit(tmp_path):
     build_index(examples, tmp_path / "retrieval")
     retriever = ExampleRetriever.open(tmp_path / "retrieval")
     builder = PromptBuilder("raicl", k=3, max_example_chars=400, retriever=retriever)
-    query = "import torch\nclass Model:\n    def forward(self, x):\n        return torch.relu(x) * 2\n"
+    query = "import torch\nclass Model:\n    def forward(self, x):\n        return torch.relu(x) * 1\n"
+    assert retriever.search(query, 1)[0][0].example_id == "kb_1"  # the long one is the most similar
     shown = builder.examples_for(query)
     assert len(shown) == 2 and all(len(task) + len(solution) <= 400 for task, solution in shown)
     assert builder.examples_over_budget == 1
+    # With k=1 the long example does not keep the prompt empty: the next most similar one fits.
+    one = PromptBuilder("raicl", k=1, max_example_chars=400, retriever=retriever)
+    assert len(one.examples_for(query)) == 1
     messages = builder.messages(query)
     assert messages[-1]["content"].count("Triton rewrite:") == 2
     assert PromptBuilder("plain").messages(query)[-1]["content"] == messages[-1]["content"].split("The task.\n\n")[1]
