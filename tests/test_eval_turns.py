@@ -98,3 +98,29 @@ def test_evaluate_cli_with_turns_prints_table_and_writes_plot(tmp_path, project_
     bad = run_evaluate(["--from_generations", str(out / "trajectories_tiny.jsonl"), "--name", "x", "--turns", "2",
                         "--smoke"], project_root, timeout=120)
     assert bad.returncode == 2 and "--turns needs a model" in bad.stdout
+
+
+def test_compare_shows_per_turn_tables_and_curves(outcome, tmp_path):
+    from extensions.evaluation.compare import compare_reports, write_comparison
+    from extensions.evaluation.runner import build_report
+
+    result, _path = outcome
+    reports = {}
+    for name in ("base", "sft"):
+        report = build_report(name=name, model_path=name, tasks_file="t.jsonl", generations_file="g.jsonl",
+                              generations_header=None, device="cpu", verifier_cfg=VerifierConfig(),
+                              outcome=result.verification, input_issues=[], config_source=None)
+        report["turns"] = turns_block(result, False, "no timing on cpu")
+        reports[name] = json.loads(json.dumps(report))
+    comparison = compare_reports(reports, bootstrap_samples=100)
+    paths = {"json_path": tmp_path / "c.json", "md_path": tmp_path / "c.md", "png_path": tmp_path / "c.png"}
+    write_comparison(comparison, reports, **paths)
+    markdown = paths["md_path"].read_text()
+    assert "## Per turn (multi-turn refinement)" in markdown
+    assert "| sft | 2 | 50.0 | 50.0 | n/a | 50.0 | 50.0 |" in markdown
+    assert paths["png_path"].stat().st_size > 0
+
+    from PIL import Image
+
+    with Image.open(paths["png_path"]) as image:
+        assert image.size[0] > 2000  # three panels: funnel, speedups, per-turn curves
