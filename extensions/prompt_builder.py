@@ -3,7 +3,8 @@
 SFT data, RL rollouts and evaluation all ask through a ``PromptBuilder``, so train and test see the
 same format. In ``raicl`` mode the ``raicl_k`` KernelBook pairs most similar to the task are shown
 before it, best first, as long as they fit ``raicl_max_example_chars`` (one that does not fit gives
-its place to the next most similar of the 4k nearest); the task itself is never among them (see ``extensions.data.retrieval``).
+its place to the next most similar of the 4k nearest); the task itself is never among them (see
+``extensions.data.retrieval``).
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 that no task sees itself or an evaluation task, the prompt budget, and the dense backend's errors."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -103,8 +104,8 @@ def test_sft_prompts_show_other_pairs_never_their_own_solution(prepared):
 
 
 def test_example_budget_leaves_out_what_does_not_fit(tmp_path):
-    examples = [Example(f"kb_{i}", f"import torch\nclass Model:\n    def forward(self, x):\n        return torch.relu(x) + {i}\n",
-                        "s" * size) for i, size in enumerate((50, 5000, 60))]
+    task = "import torch\nclass Model:\n    def forward(self, x):\n        return torch.relu(x) + {}\n"
+    examples = [Example(f"kb_{i}", task.format(i), "s" * size) for i, size in enumerate((50, 5000, 60))]
     build_index(examples, tmp_path / "retrieval")
     retriever = ExampleRetriever.open(tmp_path / "retrieval")
     builder = PromptBuilder("raicl", k=3, max_example_chars=400, retriever=retriever)
@@ -132,12 +133,8 @@ def test_bad_prompt_settings_and_missing_index_name_the_problem(tmp_path):
 
 
 def test_dense_backend_without_its_packages_errors_clearly(tmp_path):
-    try:
-        import faiss  # noqa: F401
-        import sentence_transformers  # noqa: F401
+    if importlib.util.find_spec("faiss") and importlib.util.find_spec("sentence_transformers"):
         pytest.skip("sentence-transformers and faiss are installed here")
-    except ImportError:
-        pass
     with pytest.raises(RetrievalUnavailable, match="sentence-transformers and faiss"):
         build_index([Example("kb_1", "x = 1\n", "y = 2\n")], tmp_path / "retrieval", "dense", "some/model")
     assert list(tmp_path.iterdir()) == []  # nothing half-built is left behind

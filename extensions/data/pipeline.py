@@ -231,7 +231,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     index_dir = retrieval_index_dir(out_dir)
     retrieval_meta = build_index(
         (Example(pair_id(uuid), by_uuid[uuid].pair.task_code, by_uuid[uuid].pair.solution_code)
-         for uuid in split.train), index_dir, data_cfg.retrieval, data_cfg.retrieval_dense_model)
+         for uuid in split.train), index_dir, data_cfg.retrieval, data_cfg.retrieval_dense_model, progress=progress)
     prompts = PromptBuilder.from_config(
         cfg.prompt, lambda: ExampleRetriever.open(index_dir, data_cfg.retrieval_dense_model))
 

@@ -82,8 +82,10 @@ def index_is_complete(directory: Path) -> bool:
 
 
 def build_index(examples: Iterable[Example], directory: Path, backend: str = "lexical",
-                dense_model: str = "") -> dict:
+                dense_model: str = "", progress: bool = False) -> dict:
     """Index ``examples`` into ``directory`` (replaced as a whole); returns the index's meta."""
+    from tqdm.auto import tqdm
+
     directory = Path(directory)
     examples = list(examples)
     backend_class = _backend_class(backend)
@@ -98,7 +100,9 @@ def build_index(examples: Iterable[Example], directory: Path, backend: str = "le
         if backend == "dense":
             _, details = backend_class.build([e.task_code for e in examples], staging, dense_model)
         else:
-            _, details = backend_class.build([lexical_terms(e.task_code) for e in examples], staging)
+            terms = [lexical_terms(e.task_code) for e in tqdm(examples, desc="retrieval index", unit="pair",
+                                                              disable=not progress, mininterval=1.0)]
+            _, details = backend_class.build(terms, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
