@@ -3,6 +3,8 @@ kernel when told what was wrong), and ``evaluate.py --turns`` end to end with a 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -77,19 +79,28 @@ def test_trajectories_file_holds_every_turn(outcome):
 
 
 def test_evaluate_cli_with_turns_prints_table_and_writes_plot(tmp_path, project_root):
+    """The smoke config as a new user runs it: RA-ICL prompts from the prepared run, two turns."""
     model_dir = tmp_path / "tiny-model"
     build_tiny_model(model_dir)
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["relu", "add_scaled"])
     out = tmp_path / "out"
-    proc = run_evaluate(["--model_path", str(model_dir), "--tasks", str(tasks), "--turns", "2", "--name", "tiny",
-                         "--output_dir", str(out), "--smoke", "--set", "eval.max_new_tokens=6"],
-                        project_root, timeout=600)
+    run_root = ["--smoke", "--set", f"run.root={tmp_path / 'run'}"]
+    args = ["--model_path", str(model_dir), "--tasks", str(tasks), "--turns", "2", "--name", "tiny",
+            "--output_dir", str(out), *run_root, "--set", "eval.max_new_tokens=6"]
+    unprepared = run_evaluate(args, project_root, timeout=120)
+    assert unprepared.returncode == 2 and "run prepare_data.py" in unprepared.stdout
+    prepared = subprocess.run([sys.executable, "prepare_data.py", *run_root, "--no_progress"], cwd=project_root,
+                              capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr
+    proc = run_evaluate(args, project_root, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "per turn" in proc.stdout and "tasks solved %" in proc.stdout
+    assert "RA-ICL prompts:" in proc.stdout
     report = json.loads((out / "eval_tiny.json").read_text())
     assert [e["turn"] for e in report["turns"]["per_turn"]] == [1, 2]
     assert report["turns"]["per_turn"][1]["answered"] == 2  # random weights never solve: both refine
     assert report["metrics"]["num_samples"] == 2
+    assert report["prompt"]["mode"] == "raicl" and report["prompt"]["retrieval"]["hit_rate"] == 1.0
     assert (out / "turns_tiny.png").stat().st_size > 0
     rows = [json.loads(line) for line in (out / "trajectories_tiny.jsonl").read_text().splitlines()[1:]]
     assert [len(row["turns"]) for row in rows] == [2, 2]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..checkpoints import META, atomic_write_json, is_complete
-from ..data.retrieval import ExampleRetriever
+from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..paths import RunPaths
 from ..prompt_builder import PromptBuilder
 from ..training.activity import rl_activity
@@ -130,6 +130,12 @@ def summarize(report: dict[str, Any], report_path: Path, log=print) -> None:
         f"fast_1 {fmt(m['fast_1'])}" + ("" if m["fast_1"] is not None else f" ({m['fast_p_note']})"))
     _print_issues("skipped tasks", [f"{s['task_id']}: {s['reason']}" for s in report["skipped_tasks"]], log)
     _print_issues("skipped input rows", report["skipped_rows"], log)
+    prompt = report.get("prompt") or {}
+    if prompt.get("mode") == "raicl":
+        hits = prompt.get("retrieval", {})
+        log(f"[{report['name']}] RA-ICL prompts: {prompt['examples_shown']} worked examples in {prompt['prompts']} "
+            f"prompts (retrieval hit rate {hits.get('hit_rate', 0.0):.2f}, {prompt['examples_over_budget']} "
+            "left out for the character budget)")
     if report.get("turns"):
         log(f"[{report['name']}] per turn (rates by turn t over all samples; answered: trajectories still refining):")
         log(format_turn_table(report["turns"]))
@@ -138,18 +144,23 @@ def summarize(report: dict[str, Any], report_path: Path, log=print) -> None:
     log(f"report: {report_path}")
 
 
-def prompt_builder(cfg, paths: RunPaths):
-    """The prompts of ``prompt.mode`` (raicl reads the run's retrieval index)."""
-    return PromptBuilder.from_config(
-        cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))
+def prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
+    """The prompts of ``prompt.mode`` (raicl reads the run's retrieval index); a missing index or
+    backend is a usage error, found before any model is loaded."""
+    try:
+        return PromptBuilder.from_config(
+            cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))
+    except RetrievalUnavailable as exc:
+        raise UsageError(f"{exc}; or evaluate with plain prompts: --set prompt.mode=plain") from None
 
 
 def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
                    task_issues: Sequence[str], outputs: OutputFiles, settings: EvalSettings,
-                   device: Optional[str], progress: bool = True, turns: int = 1) -> tuple[dict, Path]:
+                   device: Optional[str], progress: bool = True, turns: int = 1,
+                   prompts: Optional[PromptBuilder] = None) -> tuple[dict, Path]:
     """Generate (or reuse), verify and report one model; returns the report and where it was written.
     With ``turns`` > 1 each sample refines its kernel on the verifier's feedback (``turns.py``)."""
-    prompts = prompt_builder(cfg, outputs.paths)
+    prompts = prompts or prompt_builder(cfg, outputs.paths)
     if turns > 1:
         return evaluate_model_turns(cfg, name=name, model_path=model_path, tasks=tasks, tasks_file=tasks_file,
                                     task_issues=task_issues, outputs=outputs, settings=settings, device=device,
@@ -227,10 +238,11 @@ def run_single_model(args, cfg) -> int:
         return EXIT_SKIPPED
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
+    turns, prompts = turns_requested(args, cfg), prompt_builder(cfg, outputs.paths)
     try:
         report, path = evaluate_model(cfg, name=name, model_path=args.model_path, tasks=tasks, tasks_file=tasks_file,
                                       task_issues=issues, outputs=outputs, settings=settings, device=args.device,
-                                      turns=turns_requested(args, cfg))
+                                      turns=turns, prompts=prompts)
     except VerificationError:
         raise  # exit status 1, handled in run_command
     except MODEL_FAILURES as exc:
@@ -293,6 +305,8 @@ def run_compare(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
+    turns = turns_requested(args, cfg)
+    prompt_builder(cfg, outputs.paths)  # a missing retrieval index stops here, before any model loads
     reports: dict[str, dict] = {}
     skipped: list[dict] = []
     for name, model_path, must_be_local in compared_model_paths(args, cfg, outputs.paths):
@@ -301,8 +315,7 @@ def run_compare(args, cfg) -> int:
             try:
                 report, path = evaluate_model(cfg, name=name, model_path=model_path, tasks=tasks,
                                               tasks_file=tasks_file, task_issues=issues, outputs=outputs,
-                                              settings=settings, device=args.device,
-                                              turns=turns_requested(args, cfg))
+                                              settings=settings, device=args.device, turns=turns)
             except (VerificationError, *MODEL_FAILURES) as exc:
                 reason = f"evaluation failed: {type(exc).__name__}: {exc}"
             else:
