@@ -10,6 +10,7 @@ checkpoints/sft/final and checkpoints/rl/final and writes outputs/compare.{json,
     python evaluate.py --from_generations KB_RUN_DIR --tasks tasks.jsonl --name kb   # KernelBench's layout
     python evaluate.py --model_path checkpoints/rl/final --name rl --export-kernelbench KB_RUN_DIR
     python evaluate.py --compare --smoke
+    python evaluate.py --model_path checkpoints/rl/final --turns 3 --name rl3   # multi-turn refinement
 
 Without --config or --smoke the config is configs/default.yaml when a CUDA GPU is visible, else
 configs/smoke.yaml. Ctrl-C stops at once; finished generation chunks stay saved and a re-run reuses
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_tasks", type=int, help="evaluate the first N selected tasks (default: eval.num_tasks)")
     parser.add_argument("--level", type=int, choices=(1, 2, 3), help="only this KernelBench level (default: eval.levels)")
     parser.add_argument("--samples_per_task", type=int, help="k samples per task (default: eval.samples_per_task)")
+    parser.add_argument("--turns", type=int,
+                        help="refinement turns per sample: turn t sees the previous kernel and the verifier's "
+                             "feedback; per-turn metrics and turns_NAME.png (default: eval.turns)")
     parser.add_argument("--name", help="report name: eval_NAME.json, generations_NAME.jsonl")
     parser.add_argument("--output_dir", help="write reports here instead of the run's outputs/")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="verification device (default: verifier.device)")

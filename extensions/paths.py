@@ -4,9 +4,10 @@ No script joins a run path by hand: training saves where evaluation and resume l
 this module. Layout (see README, "Run layout"):
 
     ROOT/data/processed/   sft_train.jsonl sft_val.jsonl difficulty_labels.jsonl rl_tasks.jsonl
-                           eval_tasks.jsonl prepare_report.json
+                           eval_tasks.jsonl prepare_report.json retrieval/ (worked-example index)
     ROOT/checkpoints/      sft/checkpoint-N/ sft/final/ rl/round-NNN/ rl/final/
     ROOT/outputs/          eval_<name>.json generations_<name>.jsonl compare.{json,md,png}
+                           trajectories_<name>.jsonl turns_<name>.png (multi-turn evaluation)
     ROOT/logs/             metrics, TensorBoard events, per-round candidate logs
 """
 from __future__ import annotations
@@ -66,6 +67,10 @@ class RunPaths:
     def prepare_report(self) -> Path:
         return self.processed / "prepare_report.json"
 
+    @property
+    def retrieval_index(self) -> Path:
+        return retrieval_index_dir(self.processed)
+
     # checkpoints ------------------------------------------------------------------------------
     @property
     def checkpoints(self) -> Path:
@@ -119,6 +124,13 @@ class RunPaths:
     def generations(self, name: str) -> Path:
         return self.outputs / f"generations_{name}.jsonl"
 
+    def trajectories(self, name: str) -> Path:
+        """Multi-turn evaluation: every turn's response, verdict and feedback per trajectory."""
+        return self.outputs / f"trajectories_{name}.jsonl"
+
+    def turns_plot(self, name: str) -> Path:
+        return self.outputs / f"turns_{name}.png"
+
     @property
     def compare_json(self) -> Path:
         return self.outputs / "compare.json"
@@ -130,6 +142,11 @@ class RunPaths:
     @property
     def compare_png(self) -> Path:
         return self.outputs / "compare.png"
+
+
+def retrieval_index_dir(processed: Path) -> Path:
+    """The worked-example index inside a ``data/processed`` directory (also one given by --out)."""
+    return Path(processed) / "retrieval"
 
 
 def checkpoint_index(path: Path) -> int | None:

@@ -89,6 +89,7 @@ def test_compare_cli_reports_missing_checkpoints_and_exits_3(tmp_path, project_r
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "evaluate.py", "--compare", "--smoke", "--set", f"run.root={tmp_path / 'run'}",
+         "--set", "prompt.mode=plain",
          "--tasks", str(tasks), "--base", str(tmp_path / "no-base"), "--output_dir", str(out)],
         cwd=project_root, capture_output=True, text=True, timeout=300,
     )

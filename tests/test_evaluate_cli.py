@@ -122,7 +122,8 @@ def test_model_path_generates_saves_before_verifying_and_reuses(tmp_path, projec
     tasks = write_tasks(tmp_path / "tasks.jsonl", ["relu", "add_scaled", "row_sum"])
     out = tmp_path / "out"
     args = ["--model_path", str(model_dir), "--tasks", str(tasks), "--num_tasks", "2", "--samples_per_task", "2",
-            "--name", "tiny", "--output_dir", str(out), "--smoke", "--set", "eval.max_new_tokens=6",
+            "--name", "tiny", "--output_dir", str(out), "--smoke", "--set", "prompt.mode=plain",
+            "--set", "eval.turns=1", "--set", "eval.max_new_tokens=6",
             "--set", "eval.temperature=0.9"]
     first = run_evaluate(args, project_root, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr

@@ -85,7 +85,8 @@ def test_model_path_that_is_not_a_model_fails_in_one_line_and_leaves_no_file(tmp
     (broken / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
     for folder in (not_a_model, broken):
         result = run_evaluate(["--model_path", str(folder), "--tasks", str(tasks), "--name", folder.name,
-                               "--output_dir", str(out), "--smoke"], project_root, timeout=300)
+                               "--output_dir", str(out), "--smoke", "--set", "prompt.mode=plain"], project_root,
+                              timeout=300)
         output = result.stdout + result.stderr
         assert result.returncode == 3, output
         assert "Traceback" not in output

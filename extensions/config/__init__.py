@@ -25,6 +25,7 @@ from .sections import (
     LoggingConfig,
     LoraConfig,
     ModelConfig,
+    PromptConfig,
     RLConfig,
     RunConfig,
     SFTConfig,
@@ -38,6 +39,7 @@ class PipelineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     verifier: VerifierConfig = field(default_factory=VerifierConfig)
@@ -80,7 +82,7 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 __all__ = [
     "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
-    "ModelConfig", "PipelineConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
+    "ModelConfig", "PipelineConfig", "PromptConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
     "ConfigHelpRequested", "add_config_args", "announce_config", "config_from_args", "config_yaml",
     "load_config", "to_dict", "build", "override", "yaml_load", "DEFAULT_CONFIG", "SMOKE_CONFIG", "default_config",
 ]

@@ -57,6 +57,27 @@ class DataConfig:
     # Drop solutions that hand the math to vendor kernels (inductor's extern_kernels.mm, aten.*):
     # the verifier rejects them, so training on them teaches what RL then punishes.
     drop_library_kernel_solutions: bool = True
+    # Worked-example index over the SFT training pairs (data/processed/retrieval/), for prompt.mode
+    # raicl. lexical: BM25 over the normalised code tokens (bm25s, no download); dense: a
+    # sentence-transformers embedding model and FAISS (both installed by the user).
+    retrieval: Literal["lexical", "dense"] = "lexical"
+    retrieval_dense_model: str = "flax-sentence-embeddings/st-codesearch-distilroberta-base"
+
+
+@dataclass
+class PromptConfig:
+    """How a task is asked: the same builder serves SFT data, RL rollouts and evaluation."""
+
+    # plain: the task alone; raicl: the task after the raicl_k most similar KernelBook pairs
+    # (retrieval-augmented in-context learning), from the index prepare_data.py builds.
+    mode: Literal["plain", "raicl"] = "plain"
+    raicl_k: int = 3
+    # Characters of worked examples (task + solution) one prompt may hold; an example that does not
+    # fit is left out (counted), so long pairs cannot push the task out of the context.
+    raicl_max_example_chars: int = 12000
+    # Multi-turn prompts (task + earlier kernels + feedback) above this many tokens drop their
+    # oldest refinement rounds first; the latest round always stays.
+    max_prompt_tokens: int = 6144
 
 
 @dataclass
@@ -213,6 +234,9 @@ class EvalConfig:
     compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
     # Processes that generate, one per GPU; 0: one per visible GPU (1 when model.device_map is set).
     generation_workers: int = 0
+    # Refinement turns per trajectory (evaluate.py --turns): turn t sees the task, its previous
+    # kernel and the verifier's feedback; a trajectory stops at a correct kernel. 1: one attempt.
+    turns: int = 1
     bootstrap_samples: int = 2000
 
 

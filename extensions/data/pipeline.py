@@ -9,7 +9,9 @@ the report last):
     rl_tasks.jsonl                   {"task_id", "level", "name", "code"}
     eval_tasks.jsonl                 {"task_id", "level", "name", "code", "predicted_level", "source"}
     difficulty_labels.jsonl          {"uuid", "level", "signals"}
-    prepare_report.json              per-source read/kept/dropped-by-reason, agreement, fingerprint
+    retrieval/                       worked-example index of the SFT training pairs (RA-ICL)
+    prepare_report.json              per-source read/kept/dropped-by-reason, agreement, fingerprint,
+                                     the index's size and the prompts' retrieval statistics
 
 A second call with the same inputs, configuration and code finds the report's fingerprint unchanged
 and does nothing.
@@ -26,7 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from ..prompts import build_messages, format_completion
+from ..paths import retrieval_index_dir
+from ..prompt_builder import PromptBuilder
+from ..prompts import format_completion
+from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
@@ -63,14 +68,17 @@ class _KeptPair:
 def _code_fingerprint() -> str:
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for path in [*(here / name for name in _CODE_FILES), here.parent / "prompts.py"]:
+    library = here.parent
+    for path in [*(here / name for name in _CODE_FILES), library / "prompts.py", library / "prompt_builder.py",
+                 *sorted((here / "retrieval").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def input_fingerprint(data_cfg) -> dict[str, Any]:
-    """Everything the outputs depend on: source identities, the data config, the code."""
+def input_fingerprint(data_cfg, prompt_cfg=None) -> dict[str, Any]:
+    """Everything the outputs depend on: source identities, the data and prompt config, the code."""
     return {
+        "prompt": dataclasses.asdict(prompt_cfg) if prompt_cfg is not None else None,
         "kernelbook": source_identity(data_cfg.kernelbook),
         "kernelbench": source_identity(data_cfg.kernelbench),
         "bundled_eval_tasks": bundled_fingerprint() if data_cfg.bundled_eval_tasks else None,
@@ -82,6 +90,8 @@ def input_fingerprint(data_cfg) -> dict[str, Any]:
 def is_up_to_date(out_dir: Path, fingerprint: dict[str, Any]) -> bool:
     report_path = out_dir / REPORT_FILE
     if not report_path.is_file() or not all((out_dir / name).is_file() for name in OUTPUT_FILES):
+        return False
+    if not index_is_complete(retrieval_index_dir(out_dir)):
         return False
     try:
         return json.loads(report_path.read_text()).get("fingerprint") == json.loads(json.dumps(fingerprint))
@@ -188,6 +198,11 @@ def collect_pairs(data_cfg, eval_tasks: list[EvalTask], tally: SourceTally, *, m
     return kept
 
 
+def pair_id(uuid: str) -> str:
+    """A KernelBook pair's id wherever it appears: RL task ids and retrieval example ids."""
+    return f"kb_{uuid}"
+
+
 def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[int] = None,
             progress: bool = True) -> PrepareOutcome:
     """Run data preparation for ``cfg`` (a PipelineConfig) into ``out_dir``."""
@@ -197,7 +212,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     if data_cfg.max_samples is not None and data_cfg.max_samples < 1:
         raise ValueError(f"max_samples must be >= 1, got {data_cfg.max_samples}")
     out_dir = Path(out_dir)
-    fingerprint = input_fingerprint(data_cfg)
+    fingerprint = input_fingerprint(data_cfg, cfg.prompt)
     if not force and is_up_to_date(out_dir, fingerprint):
         return PrepareOutcome(out_dir, json.loads((out_dir / REPORT_FILE).read_text()), up_to_date=True)
 
@@ -211,19 +226,26 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     split = split_ids([k.pair.uuid for k in kept], val_fraction=data_cfg.val_fraction,
                       rl_fraction=data_cfg.rl_fraction)
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / REPORT_FILE).unlink(missing_ok=True)  # outputs are incomplete until the report is back
+    index_dir = retrieval_index_dir(out_dir)
+    retrieval_meta = build_index(
+        (Example(pair_id(uuid), by_uuid[uuid].pair.task_code, by_uuid[uuid].pair.solution_code)
+         for uuid in split.train), index_dir, data_cfg.retrieval, data_cfg.retrieval_dense_model, progress=progress)
+    prompts = PromptBuilder.from_config(
+        cfg.prompt, lambda: ExampleRetriever.open(index_dir, data_cfg.retrieval_dense_model))
+
     def sft_rows(ids):
         for uuid in ids:
             item = by_uuid[uuid]
-            yield {"uuid": uuid, "level": item.level, "prompt": build_messages(item.pair.task_code),
+            yield {"uuid": uuid, "level": item.level,
+                   "prompt": prompts.messages(item.pair.task_code, task_id=pair_id(uuid)),
                    "completion": format_completion(item.pair.solution_code)}
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / REPORT_FILE).unlink(missing_ok=True)  # outputs are incomplete until the report is back
     outputs = {
         "sft_train": _atomic_write_lines(out_dir / "sft_train.jsonl", sft_rows(split.train)),
         "sft_val": _atomic_write_lines(out_dir / "sft_val.jsonl", sft_rows(split.val)),
         "rl_tasks": _atomic_write_lines(out_dir / "rl_tasks.jsonl", (
-            {"task_id": f"kb_{uuid}", "level": by_uuid[uuid].level, "name": by_uuid[uuid].pair.entry_point,
+            {"task_id": pair_id(uuid), "level": by_uuid[uuid].level, "name": by_uuid[uuid].pair.entry_point,
              "code": by_uuid[uuid].pair.task_code} for uuid in split.rl)),
         "eval_tasks": _atomic_write_lines(out_dir / "eval_tasks.jsonl", (t.to_row() for t in eval_tasks)),
         "difficulty_labels": _atomic_write_lines(out_dir / "difficulty_labels.jsonl", (
@@ -240,6 +262,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
             "kernelbench_agreement": difficulty_agreement(kernelbench),
             "bundled_eval_agreement": difficulty_agreement(bundled),
         },
+        "retrieval": {"index": retrieval_meta, "sft_prompts": prompts.stats()},
         "seconds": round(time.time() - started, 2),
     }
     _atomic_write_json(out_dir / REPORT_FILE, report)

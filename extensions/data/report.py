@@ -63,6 +63,10 @@ def format_summary(report: dict[str, Any]) -> str:
     outputs = report.get("outputs", {})
     if outputs:
         lines.append("outputs: " + ", ".join(f"{name}={count}" for name, count in outputs.items()))
+    index = report.get("retrieval", {}).get("index")
+    if index:
+        lines.append(f"retrieval index: {index['examples']} examples ({index['backend']}, "
+                     f"{index['bytes'] / 1024:.0f} KiB)")
     agreement = report.get("difficulty", {}).get("kernelbench_agreement")
     if agreement and agreement.get("n"):
         per_level = ", ".join(f"L{lvl} {v['agreement']:.2f}" for lvl, v in agreement["per_level"].items())

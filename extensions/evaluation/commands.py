@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..checkpoints import META, adapter_content_hash, atomic_write_json, is_complete
+from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..paths import RunPaths
+from ..prompt_builder import PromptBuilder
 from ..training.activity import rl_activity
 from .compare import compare_reports, write_comparison
 from .inputs import GenerationsFile, InputError, load_tasks, read_generations
@@ -21,6 +23,8 @@ from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
+from .turns import (build_trajectories, format_turn_table, model_callables, plot_turn_curves,
+                    run_turns_evaluation, turns_block)
 
 EXIT_OK, EXIT_VERIFIER_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 COMPARED_MODELS = ("base", "sft", "rl")
@@ -51,6 +55,12 @@ class OutputFiles:
 
     def generations(self, name: str) -> Path:
         return self._place(self.paths.generations(name))
+
+    def trajectories(self, name: str) -> Path:
+        return self._place(self.paths.trajectories(name))
+
+    def turns_plot(self, name: str) -> Path:
+        return self._place(self.paths.turns_plot(name))
 
     @property
     def compare_json(self) -> Path:
@@ -120,19 +130,45 @@ def summarize(report: dict[str, Any], report_path: Path, log=print) -> None:
         f"fast_1 {fmt(m['fast_1'])}" + ("" if m["fast_1"] is not None else f" ({m['fast_p_note']})"))
     _print_issues("skipped tasks", [f"{s['task_id']}: {s['reason']}" for s in report["skipped_tasks"]], log)
     _print_issues("skipped input rows", report["skipped_rows"], log)
+    prompt = report.get("prompt") or {}
+    if prompt.get("mode") == "raicl":
+        hits = prompt.get("retrieval", {})
+        log(f"[{report['name']}] RA-ICL prompts: {prompt['examples_shown']} worked examples in {prompt['prompts']} "
+            f"prompts (retrieval hit rate {hits.get('hit_rate', 0.0):.2f}, {prompt['examples_over_budget']} "
+            "left out for the character budget)")
+    if report.get("turns"):
+        log(f"[{report['name']}] per turn (rates by turn t over all samples; answered: trajectories still refining):")
+        log(format_turn_table(report["turns"]))
     if report["failed_samples_without_response"]:
         log(f"{report['failed_samples_without_response']} sample(s) had no usable response; counted as failed")
     log(f"report: {report_path}")
 
 
+def prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
+    """The prompts of ``prompt.mode`` (raicl reads the run's retrieval index); a missing index or
+    backend is a usage error, found before any model is loaded."""
+    try:
+        return PromptBuilder.from_config(
+            cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))
+    except RetrievalUnavailable as exc:
+        raise UsageError(f"{exc}; or evaluate with plain prompts: --set prompt.mode=plain") from None
+
+
 def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
                    task_issues: Sequence[str], outputs: OutputFiles, settings: EvalSettings,
-                   device: Optional[str], progress: bool = True) -> tuple[dict, Path]:
-    """Generate (or reuse), verify and report one model; returns the report and where it was written."""
+                   device: Optional[str], progress: bool = True, turns: int = 1,
+                   prompts: Optional[PromptBuilder] = None) -> tuple[dict, Path]:
+    """Generate (or reuse), verify and report one model; returns the report and where it was written.
+    With ``turns`` > 1 each sample refines its kernel on the verifier's feedback (``turns.py``)."""
+    prompts = prompts or prompt_builder(cfg, outputs.paths)
+    if turns > 1:
+        return evaluate_model_turns(cfg, name=name, model_path=model_path, tasks=tasks, tasks_file=tasks_file,
+                                    task_issues=task_issues, outputs=outputs, settings=settings, device=device,
+                                    progress=progress, turns=turns, prompts=prompts)
     generations_path = outputs.generations(name)
     try:
         generations = generate_responses(model_path, tasks, settings, cfg.model, generations_path,
-                                         progress=progress, workers=cfg.eval.generation_workers)
+                                         progress=progress, workers=cfg.eval.generation_workers, prompts=prompts)
     except MODEL_FAILURES:
         _remove_if_header_only(generations_path)  # nothing generated: leave no file that looks like a result
         raise
@@ -149,8 +185,38 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
         generations_header=generations.header, device=resolved, verifier_cfg=cfg.verifier, outcome=outcome,
         input_issues=[*task_issues, *generations.issues], config_source=cfg.source, config=cfg,
     )
+    report["prompt"] = prompts.stats()
     report_path = outputs.eval_report(name)
     atomic_write_json(report_path, report)
+    return report, report_path
+
+
+def evaluate_model_turns(cfg, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
+                         task_issues: Sequence[str], outputs: OutputFiles, settings: EvalSettings,
+                         device: Optional[str], progress: bool, turns: int, prompts) -> tuple[dict, Path]:
+    """Multi-turn evaluation of one model: trajectories, per-turn report and per-turn plot."""
+    resolved = resolve_device(device, cfg.verifier)
+    generate, verify, count_tokens = model_callables(model_path, cfg.model, settings, cfg.verifier, resolved,
+                                                     progress)
+    header = {"model_path": model_path, "sampling": settings.sampling_key(), "prompt": prompts.describe(),
+              "turns": turns, "max_prompt_tokens": cfg.prompt.max_prompt_tokens}
+    trajectories_path = outputs.trajectories(name)
+    outcome = run_turns_evaluation(
+        tasks, build_trajectories(tasks, settings.samples_per_task, prompts), generate=generate, verify=verify,
+        count_tokens=count_tokens, turns=turns, max_prompt_tokens=cfg.prompt.max_prompt_tokens,
+        trajectories_path=trajectories_path, header=header)
+    report = build_report(
+        name=name, model_path=model_path, tasks_file=tasks_file, generations_file=trajectories_path,
+        generations_header=header, device=resolved, verifier_cfg=cfg.verifier, outcome=outcome.verification,
+        input_issues=list(task_issues), config_source=cfg.source,
+    )
+    verification = report["verification"]
+    report["turns"] = turns_block(outcome, verification["timing"],
+                                  verification["no_timing_reason"] or "no timing was measured")
+    report["prompt"] = prompts.stats()
+    report_path = outputs.eval_report(name)
+    atomic_write_json(report_path, report)
+    plot_turn_curves({name: report["turns"]}, outputs.turns_plot(name))
     return report, report_path
 
 
@@ -172,9 +238,11 @@ def run_single_model(args, cfg) -> int:
         return EXIT_SKIPPED
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
+    turns, prompts = turns_requested(args, cfg), prompt_builder(cfg, outputs.paths)
     try:
         report, path = evaluate_model(cfg, name=name, model_path=args.model_path, tasks=tasks, tasks_file=tasks_file,
-                                      task_issues=issues, outputs=outputs, settings=settings, device=args.device)
+                                      task_issues=issues, outputs=outputs, settings=settings, device=args.device,
+                                      turns=turns, prompts=prompts)
     except VerificationError:
         raise  # exit status 1, handled in run_command
     except MODEL_FAILURES as exc:
@@ -182,7 +250,8 @@ def run_single_model(args, cfg) -> int:
         print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}")
         return EXIT_SKIPPED
     summarize(report, path)
-    export_complete = export_generations(args, read_generations(outputs.generations(name)), tasks)
+    export_complete = (export_generations(args, read_generations(outputs.generations(name)), tasks)
+                       if args.export_kernelbench else True)
     return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
 
 
@@ -256,6 +325,8 @@ def run_compare(args, cfg) -> int:
     outputs = output_files(cfg, args.output_dir)
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
+    turns = turns_requested(args, cfg)
+    prompt_builder(cfg, outputs.paths)  # a missing retrieval index stops here, before any model loads
     reports: dict[str, dict] = {}
     skipped: list[dict] = []
     for name, model_path, must_be_local in compared_model_paths(args, cfg, outputs.paths):
@@ -264,7 +335,7 @@ def run_compare(args, cfg) -> int:
             try:
                 report, path = evaluate_model(cfg, name=name, model_path=model_path, tasks=tasks,
                                               tasks_file=tasks_file, task_issues=issues, outputs=outputs,
-                                              settings=settings, device=args.device)
+                                              settings=settings, device=args.device, turns=turns)
             except (VerificationError, *MODEL_FAILURES) as exc:
                 reason = f"evaluation failed: {type(exc).__name__}: {exc}"
             else:
@@ -286,6 +357,13 @@ def run_compare(args, cfg) -> int:
     return EXIT_SKIPPED if incomplete else EXIT_OK
 
 
+def turns_requested(args, cfg) -> int:
+    turns = args.turns if getattr(args, "turns", None) is not None else cfg.eval.turns
+    if turns < 1:
+        raise UsageError(f"--turns (eval.turns) must be at least 1, got {turns}")
+    return turns
+
+
 def run_command(args) -> int:
     """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2.
 
@@ -305,6 +383,10 @@ def run_command(args) -> int:
             raise UsageError("--level, --num_tasks and --samples_per_task do not apply to --from_generations")
         if not args.compare and (args.base or args.sft or args.rl):
             raise UsageError("--base/--sft/--rl only apply to --compare")
+        if args.from_generations and getattr(args, "turns", None) not in (None, 1):
+            raise UsageError("--turns needs a model to refine its answers: use --model_path or --compare")
+        if args.export_kernelbench and getattr(args, "turns", None) not in (None, 1):
+            raise UsageError("--export-kernelbench writes single-turn generations; drop --turns")
         if args.compare and args.export_kernelbench:
             raise UsageError("--export-kernelbench applies to --model_path or --from_generations (one model)")
         cfg = start_config(args, "evaluate")

@@ -24,6 +24,7 @@ PAIRED_METRICS = {
     "compiled_rate": ("compiled %", lambda s: FUNNEL_STAGES.index(s["stage"]) >= FUNNEL_STAGES.index("compile")),
     "fast_1": ("fast_1", lambda s: bool(s["correct"] and s["speedup"] is not None and s["speedup"] > 1.0)),
 }
+PER_TURN_KEYS = ("turn", "compiled_rate", "correct_rate", "fast_1", "pass@1", "solved_share")
 FUNNEL_BARS = (("extract", "extracted"), ("static", "valid"), ("compile", "compiled"), ("tiny", "tiny ok"),
                ("full", "full ok"))
 
@@ -51,6 +52,9 @@ def compare_reports(reports: dict[str, dict], *, bootstrap_samples: int = 2000, 
             "no_timing_reason": report["verification"].get("no_timing_reason"),
             **{key: metrics.get(key) for key in SUMMARY_KEYS},
             "skipped_tasks": len(report.get("skipped_tasks", [])),
+            # Multi-turn reports: the per-turn rates (by turn t), for the per-turn table and curves.
+            "per_turn": [{key: entry.get(key) for key in PER_TURN_KEYS}
+                         for entry in (report.get("turns") or {}).get("per_turn", [])],
         }
     common = set.intersection(*(set(t["task_id"] for t in r["tasks"] if t["samples"]) for r in reports.values())) \
         if reports else set()
@@ -119,6 +123,17 @@ def render_markdown(comparison: dict[str, Any]) -> str:
                 verdict = "**yes**" if d["significant"] else "not significant (CI contains 0)"
             lines.append(f"| {d['candidate']} − {d['baseline']} | {d['label']} | {_fmt(d['mean'], signed=True)} | "
                          f"{ci} | {verdict} |")
+    turn_models = [name for name in comparison["model_order"] if models[name].get("per_turn")]
+    if turn_models:
+        lines += ["", "## Per turn (multi-turn refinement)", "",
+                  "Rates after t turns over all samples: a trajectory stops at its first correct kernel and "
+                  "counts as correct from then on.", "",
+                  "| model | turn | compiled % | correct % | fast_1 % | pass@1 % | tasks solved % |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name in turn_models:
+            for e in models[name]["per_turn"]:
+                lines.append(f"| {name} | {e['turn']} | {_fmt(e['compiled_rate'])} | {_fmt(e['correct_rate'])} | "
+                             f"{_fmt(e['fast_1'])} | {_fmt(e['pass@1'])} | {_fmt(e['solved_share'])} |")
     if comparison.get("rl_activity"):
         lines += ["", "## What RL did", ""]
         lines += [f"- {line.strip()}" for line in RLActivity(**comparison["rl_activity"]).describe()]
@@ -142,7 +157,13 @@ def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: 
     from matplotlib.ticker import FuncFormatter
 
     names = comparison["model_order"]
-    fig, (funnel_ax, speed_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    turn_models = [n for n in names if comparison["models"][n].get("per_turn")]
+    if turn_models:
+        fig, (funnel_ax, speed_ax, turns_ax) = plt.subplots(1, 3, figsize=(18, 4.8),
+                                                            gridspec_kw={"width_ratios": [3, 2, 2]})
+        _plot_turns(turns_ax, {n: comparison["models"][n]["per_turn"] for n in turn_models})
+    else:
+        fig, (funnel_ax, speed_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     labels = [label for _, label in FUNNEL_BARS] + ["correct"]
     any_timing = any(comparison["models"][n]["timing"] for n in names)
     if any_timing:
@@ -191,6 +212,23 @@ def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _plot_turns(ax, per_turn: dict[str, list[dict]]) -> None:
+    """Tasks solved (solid) and correct samples (dashed) by turn, one colour per model."""
+    for i, (name, entries) in enumerate(per_turn.items()):
+        turns = [e["turn"] for e in entries]
+        ax.plot(turns, [e["solved_share"] or 0.0 for e in entries], marker="o", color=f"C{i}",
+                label=f"{name}: tasks solved")
+        ax.plot(turns, [e["correct_rate"] or 0.0 for e in entries], linestyle="--", marker=".", color=f"C{i}",
+                label=f"{name}: correct samples")
+    ax.set_title("By turn (multi-turn refinement)")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("% by turn t")
+    ax.set_ylim(-2, 102)
+    ax.set_xticks(sorted({e["turn"] for entries in per_turn.values() for e in entries}))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def write_comparison(comparison: dict[str, Any], reports: dict[str, dict], *, json_path: Path, md_path: Path,

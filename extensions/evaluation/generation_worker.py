@@ -23,7 +23,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     chunks = [[EvalTask(**task) for task in chunk] for chunk in spec["chunks"]]
     generate_chunks(Path(spec["generations"]), spec["model_path"], chunks, EvalSettings(**spec["settings"]),
-                    build(ModelConfig, spec["model_cfg"]), progress=spec["progress"], position=spec["worker"])
+                    build(ModelConfig, spec["model_cfg"]), progress=spec["progress"], position=spec["worker"],
+                    messages=spec.get("messages"))
     return 0
 
 

@@ -71,14 +71,21 @@ def _chunk_seed(base_seed: int, chunk: Sequence[EvalTask]) -> int:
 
 def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: EvalSettings, model_cfg,
                        generations_path: Path, *, progress: bool = True, log=print,
-                       workers: int = 0) -> GenerationsFile:
+                       workers: int = 0, prompts=None) -> GenerationsFile:
     """Generate ``samples_per_task`` responses per task (reusing saved ones) and return the saved file.
 
     ``workers``: generation processes, one per GPU (0: one per visible GPU unless ``model_cfg``
-    shards one model over all of them with ``device_map``).
+    shards one model over all of them with ``device_map``). ``prompts``: the ``PromptBuilder``
+    (default: plain prompts).
     """
-    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log, model_cfg=model_cfg)
+    from ..prompt_builder import PromptBuilder
+
+    prompts = prompts or PromptBuilder()
+    todo = pending_tasks(generations_path, tasks, model_path, settings, log=log, model_cfg=model_cfg,
+                         prompt=prompts.describe())
     if todo:
+        # Built here, once: worker processes receive the messages and need no retrieval index.
+        messages = {t.task_id: prompts.messages(t.code, t.task_id) for t in todo}
         if settings.samples_per_task > 1 and settings.temperature == 0:
             log("warning: several samples per task with temperature 0 (greedy) are identical; pass@k>1 "
                 "then says nothing more than pass@1")
@@ -86,10 +93,12 @@ def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: Eva
         chunks = [todo[start:start + per_chunk] for start in range(0, len(todo), per_chunk)]
         count = min(generation_workers(workers, model_cfg), len(chunks))
         if count <= 1:
-            generate_chunks(generations_path, model_path, chunks, settings, model_cfg, progress=progress)
+            generate_chunks(generations_path, model_path, chunks, settings, model_cfg, progress=progress,
+                            messages=messages)
         else:
             log(f"generating {len(todo)} tasks in {count} processes, one per GPU")
-            _generate_in_workers(generations_path, model_path, chunks, settings, model_cfg, count, progress)
+            _generate_in_workers(generations_path, model_path, chunks, settings, model_cfg, count, progress,
+                                 messages)
     return read_generations(generations_path)
 
 
@@ -111,7 +120,7 @@ def _visible_gpus(count: int) -> list[str]:
 
 
 def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask]], settings: EvalSettings,
-                         model_cfg, count: int, progress: bool) -> None:
+                         model_cfg, count: int, progress: bool, messages: dict) -> None:
     import subprocess
     import sys
     import tempfile
@@ -128,6 +137,7 @@ def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask
                 "model_cfg": asdict(model_cfg), "settings": asdict(settings),
                 "chunks": [[asdict(task) for task in chunk] for chunk in chunks[worker::count]],
                 "progress": progress, "worker": worker,
+                "messages": {t.task_id: messages[t.task_id] for chunk in chunks[worker::count] for t in chunk},
             }
             spec_path = Path(workdir) / f"worker-{worker}.json"
             spec_path.write_text(json.dumps(spec))
@@ -144,8 +154,11 @@ def _generate_in_workers(path: Path, model_path: str, chunks: list[list[EvalTask
 
 
 def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalTask]], settings: EvalSettings,
-                    model_cfg, *, progress: bool, position: int = 0) -> None:
-    """Generate ``chunks`` in this process, appending each finished chunk to ``path``."""
+                    model_cfg, *, progress: bool, position: int = 0,
+                    messages: Optional[dict[str, list[dict]]] = None) -> None:
+    """Generate ``chunks`` in this process, appending each finished chunk to ``path``.
+
+    ``messages``: each task's prompt by task id (default: the plain prompt of its code)."""
     from tqdm.auto import tqdm
 
     from ..modeling import load_for_inference
@@ -163,7 +176,8 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
                 batch_size=settings.generation_batch_size, compile_step=settings.compile_decode,
             )
             responses = sample_completions(
-                model, tokenizer, [build_messages(t.code) for t in chunk], settings.samples_per_task,
+                model, tokenizer, [messages[t.task_id] if messages else build_messages(t.code) for t in chunk],
+                settings.samples_per_task,
                 params, progress=False,
             )
             rows = [generation_row(task, i, text) for task, texts in zip(chunk, responses)
