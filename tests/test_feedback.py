@@ -18,23 +18,25 @@ SYNTAX_ERROR = CORRECT.replace("mask = offs < n", "mask = offs < n)")
 LEAKY_WRONG = affine_candidate(store="x * alpha").replace(
     "y = torch.empty_like(x)", f"print('{SECRET}')\n        y = torch.empty_like(x)")
 
-# name: (candidate, category, phrase in the error line, input set that failed, (passed, total))
+# name: (candidate, category, phrase in the error line, input set that failed, (passed, total));
+# ALL stands for every input set the verifier planned for the problem.
+ALL = "all"
 CASES = {
-    "correct": (CORRECT, "correct", None, None, (4, 4)),
+    "correct": (CORRECT, "correct", None, None, (ALL, ALL)),
     "no_code": ("I would write a kernel but I am not sure how.", "no_code", "ModelNew", None, None),
     "torch_math": (affine_candidate(ret="torch.add(torch.mul(x, self.alpha), 1.0)"), "policy_violation",
                    None, None, None),
     "syntax": (SYNTAX_ERROR, "syntax_error", "no parseable code", None, None),
-    "import_error": (affine_candidate(extra_import="from triton.language import no_such_builtin_xyz"),
+    "import_error": (affine_candidate(extra_import="from math import no_such_builtin_xyz"),
                      "compile_error", "cannot import name 'no_such_builtin_xyz'", None, None),
-    "runtime_error": (RUNTIME_ERROR, "runtime_error", "", "tiny", (0, 4)),
+    "runtime_error": (RUNTIME_ERROR, "runtime_error", "", "tiny", (0, ALL)),
     "wrong_shape": (affine_candidate(ret="y[:, :-1]"), "wrong_output", "shape (2, 39) != expected (2, 40)",
-                    "tiny", (0, 4)),
+                    "tiny", (0, ALL)),
     "nan_output": (affine_candidate(store="x * alpha + 1.0 + (x - x) / (x - x)"), "wrong_output",
-                   "NaN/Inf", "tiny", (0, 4)),
-    "wrong_values": (LEAKY_WRONG, "numerical_mismatch", "values outside atol", "tiny", (0, 4)),
+                   "NaN/Inf", "tiny", (0, ALL)),
+    "wrong_values": (LEAKY_WRONG, "numerical_mismatch", "values outside atol", "tiny", (0, ALL)),
     "operator_fallback": (affine_candidate(ret="x * self.alpha + 1.0"), "policy_violation",
-                          "torch_compute", "tiny", (0, 4)),
+                          "torch_compute", "tiny", (0, ALL)),
 }
 
 
@@ -61,6 +63,8 @@ def test_feedback_names_category_error_and_progress(results, name):
     if counts is None:
         assert feedback.tests_total is None and "Input sets passed" not in text
     else:
+        planned = len(result.details["input_sets"])
+        counts = tuple(planned if c == ALL else c for c in counts)
         assert (feedback.tests_passed, feedback.tests_total) == counts
         assert f"Input sets passed: {counts[0]} of {counts[1]}." in text
     # The stage prefix is structure, not content: it is said in words, not echoed.

@@ -95,7 +95,7 @@ def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir
     out = tmp_path / "out"
     generations = out / "generations_tiny.jsonl"
     settings = ["--set", "eval.max_new_tokens=24", "--set", "eval.generation_batch_size=1", "--set", "eval.temperature=0.7",
-                "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null"]
+                "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null", "--set", "prompt.mode=plain", "--set", "eval.turns=1"]
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "evaluate.py"), "--model_path", str(model_dir),
                              "--tasks", str(tasks_file), "--name", "tiny", "--output_dir", str(out), "--smoke", *settings],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
