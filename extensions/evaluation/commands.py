@@ -82,8 +82,8 @@ def missing_model_reason(model_path: str, *, must_be_local: bool) -> Optional[st
         if (path / META).is_file() and not is_complete(path):
             return f"{path} is an incomplete checkpoint (no valid manifest.json: it was still being written)"
         return None
-    if not must_be_local and (model_path.startswith("pkg:") or _HUB_ID.match(model_path)):
-        return None  # a hub id or an installed package: loading will tell
+    if not must_be_local and (model_path.startswith(("pkg:", "fetch:")) or _HUB_ID.match(model_path)):
+        return None  # a hub id, an installed package or a fetched model: loading will tell
     return f"checkpoint not found: {path}"
 
 
