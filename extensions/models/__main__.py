@@ -1,4 +1,4 @@
-"""``python -m extensions.models fetch NAME | path NAME | list`` (see ``extensions/models/cli.py``)."""
+"""``python -m extensions.models fetch NAME | path NAME | adopt NAME FILE | list`` (see ``extensions/models/cli.py``)."""
 import sys
 
 from .cli import main

