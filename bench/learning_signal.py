@@ -18,6 +18,7 @@ each phase's wall-clock time is recorded. The split is saved with the results.
     python bench/learning_signal.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl \\
         --work /tmp/ls --out outputs/learning_signal --phases base,sft
     python bench/learning_signal.py ... --phases rl,report
+    python bench/learning_signal.py --quick --kernelbench ... --work /tmp/ls-quick   # CPU dry run, tiny model
 """
 from __future__ import annotations
 
@@ -230,7 +231,9 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
     }
     if summary["timing"]:
         summary["fast_1"] = interval(list(per_task_scores(report, "fast_1").values()), resamples, 3)
-    for k in allowed_ks(min((len(t["samples"]) for t in tasks), default=0)):
+    fewest = min((len(t["samples"]) for t in tasks), default=0)
+    # Few samples per task here: every power of two up to that count, not only the report's 1, 5, 10...
+    for k in sorted({k for k in (1, 2, 4, 8) if k <= fewest} | set(allowed_ks(fewest))):
         per_task = [100.0 * pass_at_k(len(t["samples"]), sum(bool(s["correct"]) for s in t["samples"]), k) for t in tasks]
         summary[f"pass@{k}"] = interval(per_task, resamples, 10 + k)
     summary["stages"] = report["metrics"].get("stage_counts") or report["metrics"].get("funnel")
@@ -342,7 +345,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="further config overrides")
+    parser.add_argument("--quick", action="store_true",
+                        help="dry run of the same code on CPU: a tiny random model, 2+2 tasks, 2 samples, 1 round, 16 tokens")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.device, args.heldout_tasks, args.rl_tasks, args.samples, args.rl_rounds = "cpu", 2, 2, 2, 1
+        args.sft_steps, args.max_new_tokens, args.batch_size = 1, 16, 4
+        # The tiny tokenizer spends about three times the tokens of a real one on the same prompt.
+        args.set = ["model.dtype=float32", "verifier.multi_input_num_tests=1", "sft.max_seq_len=4096", *args.set]
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES}")
@@ -355,6 +365,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     work = Path(args.work).resolve()
+    if args.quick:
+        from extensions.training.tiny import save_tiny_model
+
+        args.model = str(save_tiny_model(work / "tiny-model"))
     split = write_split(args, work)
     cfg, overrides = build_config(args, work)
     clock = PhaseClock(work / "phase_seconds.json")
