@@ -236,7 +236,8 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
     for k in sorted({k for k in (1, 2, 4, 8) if k <= fewest} | set(allowed_ks(fewest))):
         per_task = [100.0 * pass_at_k(len(t["samples"]), sum(bool(s["correct"]) for s in t["samples"]), k) for t in tasks]
         summary[f"pass@{k}"] = interval(per_task, resamples, 10 + k)
-    summary["stages"] = report["metrics"].get("stage_counts") or report["metrics"].get("funnel")
+    summary["stages"] = report["metrics"].get("stage_counts")
+    summary["skipped_tasks"] = report.get("skipped_tasks", [])
     return summary
 
 
