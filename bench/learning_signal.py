@@ -185,7 +185,7 @@ def prepare_data(cfg, split: dict) -> None:
     paths = RunPaths.from_config(cfg)
     outcome = prepare(cfg, paths.processed, progress=False)
     if not outcome.up_to_date:
-        print(format_summary(outcome.report) if callable(format_summary) else outcome.report)
+        print(format_summary(outcome.report))
     with open(paths.rl_tasks, "w") as out:
         for row in split["rl_rows"]:
             out.write(json.dumps(row) + "\n")
