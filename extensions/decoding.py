@@ -151,10 +151,8 @@ def _nucleus_choice(sorted_logits, log_norm, races, temperature: float, top_p: f
     import torch
 
     scores = sorted_logits.float() / temperature
-    probs = torch.exp(scores - log_norm)
-    fits = probs.sum(dim=-1) >= top_p
-    keep = (probs.cumsum(dim=-1) - probs) < top_p
-    weights = torch.exp(scores - scores[:, :1]) * keep
+    fits = torch.exp(scores - log_norm).sum(dim=-1) >= top_p
+    weights = torch.exp(scores - scores[:, :1]) * sorted_nucleus_mask(sorted_logits, temperature, top_p, log_norm)
     return (weights / races.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1), fits
 
 
