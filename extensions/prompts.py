@@ -2,6 +2,13 @@
 
 A task is KernelBench-style PyTorch source (``class Model``, ``get_inputs``, ``get_init_inputs``);
 the model answers with ``class ModelNew`` implemented with Triton kernels in a fenced Python block.
+
+The conversation opens with one worked example (a user turn with a small task, an assistant turn
+with its verified Triton answer): small code models asked without one write no launchable kernel at
+all, and with it most of their answers compile, which is what gives RL rewards to learn from. The
+example's operation (a scaled absolute difference) is deliberately none of the KernelBench level 1-2
+problems nor a bundled task, so it leaks no answer; ``WORKED_EXAMPLE_TASK`` is exposed so that
+benchmark splits can decontaminate against it too.
 """
 from __future__ import annotations
 
@@ -27,10 +34,70 @@ PyTorch module:
 ```"""
 
 
+WORKED_EXAMPLE_TASK = """\
+import torch
+import torch.nn as nn
+
+SIZE = 4096
+
+
+class Model(nn.Module):
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.abs(x - y) * self.alpha
+
+
+def get_inputs():
+    return [torch.randn(SIZE), torch.randn(SIZE)]
+
+
+def get_init_inputs():
+    return [0.5]
+"""
+
+WORKED_EXAMPLE_SOLUTION = """\
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scaled_abs_diff_kernel(x_ptr, y_ptr, out_ptr, alpha, n_elements, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    y = tl.load(y_ptr + offsets, mask=mask, other=0.0)
+    tl.store(out_ptr + offsets, tl.abs(x - y) * alpha, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = y.contiguous()
+        out = torch.empty_like(x)
+        n_elements = out.numel()
+        BLOCK_SIZE = 1024
+        grid = (triton.cdiv(n_elements, BLOCK_SIZE),)
+        scaled_abs_diff_kernel[grid](x, y, out, self.alpha, n_elements, BLOCK_SIZE=BLOCK_SIZE)
+        return out
+"""
+
+
 def build_messages(task_code: str) -> list[dict[str, str]]:
-    """Chat messages asking for a Triton rewrite of ``task_code``."""
+    """Chat messages asking for a Triton rewrite of ``task_code``, after the worked example."""
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": INSTRUCTIONS.format(code=WORKED_EXAMPLE_TASK.strip())},
+        {"role": "assistant", "content": format_completion(WORKED_EXAMPLE_SOLUTION)},
         {"role": "user", "content": INSTRUCTIONS.format(code=task_code.strip())},
     ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from extensions import decoding
 from extensions.decoding import (
     DECODE_ATTENTION,
     DecodeStats,
@@ -176,3 +177,53 @@ def test_cuda_graph_decoding_gives_the_eager_tokens():
     assert compiled_samples.shape == sampled[0].shape
     for row, prompt in enumerate(PROMPTS):
         assert with_graph[row].tolist() == generate_greedy(model, prompt, 40)
+
+
+def full_sort_choice(logits, temperature, top_p, seed):
+    """The token the sampler draws when it sorts the whole vocabulary (no candidate prefilter)."""
+    generator = torch.Generator().manual_seed(seed)
+    original = decoding.NUCLEUS_CANDIDATES
+    decoding.NUCLEUS_CANDIDATES = logits.shape[-1]
+    try:
+        return pick_tokens(logits, temperature, top_p, generator)
+    finally:
+        decoding.NUCLEUS_CANDIDATES = original
+
+
+@pytest.mark.parametrize("temperature,top_p,spread", [(0.8, 0.95, 6.0), (0.3, 0.9, 8.0), (1.0, 0.5, 4.0)])
+def test_candidate_prefilter_draws_the_same_tokens_as_a_full_sort(temperature, top_p, spread, monkeypatch):
+    torch.manual_seed(1)
+    # Peaked rows, as a code model's are: every nucleus fits in the candidates.
+    logits = torch.randn(32, 5000) * spread
+    monkeypatch.setattr(decoding, "NUCLEUS_CANDIDATES", 256)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    assert (probs.topk(256, dim=-1).values.sum(-1) >= top_p).all()
+    for seed in range(5):
+        prefiltered = pick_tokens(logits, temperature, top_p, torch.Generator().manual_seed(seed))
+        assert torch.equal(prefiltered, full_sort_choice(logits, temperature, top_p, seed))
+
+
+def test_a_nucleus_wider_than_the_candidates_falls_back_to_the_full_sort(monkeypatch):
+    torch.manual_seed(2)
+    logits = torch.randn(8, 4000) * 6.0
+    logits[3] = torch.randn(4000) * 0.01  # nearly flat: its nucleus holds ~95% of the vocabulary
+    monkeypatch.setattr(decoding, "NUCLEUS_CANDIDATES", 64)
+    scores = logits / 0.8
+    probs = torch.softmax(scores, dim=-1)
+    assert probs[3].topk(64).values.sum() < 0.95 and (probs.topk(64, dim=-1).values.sum(-1) >= 0.95).sum() == 7
+    seen_outside = False
+    for seed in range(20):
+        tokens = pick_tokens(logits, 0.8, 0.95, torch.Generator().manual_seed(seed))
+        assert torch.equal(tokens, full_sort_choice(logits, 0.8, 0.95, seed))
+        seen_outside |= bool(tokens[3] not in logits[3].topk(64).indices)
+    assert seen_outside  # the flat row drew tokens the candidates alone could never give
+
+
+def test_nucleus_mask_of_a_prefix_matches_the_mask_of_the_whole_sorted_row():
+    torch.manual_seed(3)
+    logits = torch.randn(16, 3000) * 5.0
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    log_norm = torch.logsumexp(logits / 0.7, dim=-1, keepdim=True)
+    whole = sorted_nucleus_mask(sorted_logits, 0.7, 0.9)
+    assert torch.equal(sorted_nucleus_mask(sorted_logits[:, :200], 0.7, 0.9, log_norm), whole[:, :200])
+    assert not whole[:, 200:].any()

@@ -103,7 +103,7 @@ def _rl_config(root: Path, model_dir: Path, extra=()):
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
         "rl.num_rounds=2", "rl.tasks_per_round=3", "rl.samples_per_task=3", "rl.top_k=2", "rl.max_new_tokens=12",
         "rl.generation_batch_size=6", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2",
-        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=1024", "lora.r=4",
+        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=2048", "lora.r=4",
         "rl.init=base", *extra,
     ])
     paths = RunPaths.from_config(cfg)

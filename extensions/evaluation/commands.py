@@ -99,8 +99,8 @@ def missing_model_reason(model_path: str, *, must_be_local: bool) -> Optional[st
             return (f"{path} is not a model directory: it holds no {' or '.join(MODEL_MARKERS)} "
                     "and no .gguf file")
         return None
-    if not must_be_local and (model_path.startswith("pkg:") or _HUB_ID.match(model_path)):
-        return None  # a hub id or an installed package: loading will tell
+    if not must_be_local and (model_path.startswith(("pkg:", "fetch:")) or _HUB_ID.match(model_path)):
+        return None  # a hub id, an installed package or a fetched model: loading will tell
     return f"checkpoint not found: {path}"
 
 

@@ -1,0 +1,387 @@
+"""Does SFT and RL make the model write more correct kernels on tasks it never trained on?
+
+A fixed split of KernelBench level-1 and level-2 problems into RL-training tasks and held-out tasks
+(no problem in both; an RL task whose code is near a held-out task's, or a held-out task near the
+prompt's worked example, is dropped and counted), then the project's own stages on it:
+
+    base     evaluate the base model on the held-out tasks
+    sft      LoRA SFT on what the data stage builds (bundled pairs, decontaminated against the
+             held-out tasks), then evaluate sft/final
+    rl       Best-of-N RL rounds on the RL-training tasks, then evaluate every round-NNN
+    report   correct rate, fast_1 and pass@k per model with bootstrap 95% intervals over tasks,
+             paired differences between consecutive models, a table and a plot of the held-out
+             correct rate against the RL round
+
+Every phase is skipped when its result exists, so the same command continues after a time limit;
+each phase's wall-clock time is recorded. The split is saved with the results.
+
+    python bench/learning_signal.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl \\
+        --work /tmp/ls --out outputs/learning_signal --phases base,sft
+    python bench/learning_signal.py ... --phases rl,report
+    python bench/learning_signal.py --quick --kernelbench ... --work /tmp/ls-quick   # CPU dry run, tiny model
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PHASES = ("base", "sft", "rl", "report")
+SPLIT_SALT = "learning-signal-v1"
+
+
+# -- the split ---------------------------------------------------------------------------------------
+def read_problems(path: Path, levels: tuple[int, ...]) -> list[dict]:
+    from extensions.data.kernelbench import check_task_code
+
+    problems, rejected = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if int(row["level"]) not in levels:
+            continue
+        try:
+            check_task_code(row["code"])
+        except ValueError:
+            rejected += 1
+            continue
+        problems.append(row)
+    if rejected:
+        print(f"[split] {rejected} problem(s) dropped: not a valid KernelBench task")
+    return problems
+
+
+def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: int, threshold: float) -> dict:
+    """Held-out and RL-training problems per level, ordered by a salted hash of the problem name."""
+    from extensions.data.dedup import code_shingles, jaccard
+    from extensions.data.splits import unit_hash
+    from extensions.prompts import WORKED_EXAMPLE_TASK
+
+    example = code_shingles(WORKED_EXAMPLE_TASK)
+    heldout, rl, dropped = [], [], {"heldout_near_worked_example": [], "rl_near_heldout": []}
+    for level in sorted({int(p["level"]) for p in problems}):
+        ordered = sorted((p for p in problems if int(p["level"]) == level), key=lambda p: unit_hash(SPLIT_SALT, p["name"]))
+        level_heldout = []
+        for problem in ordered:
+            if len(level_heldout) == heldout_per_level:
+                break
+            if jaccard(code_shingles(problem["code"]), example) >= threshold:
+                dropped["heldout_near_worked_example"].append(problem["name"])
+                continue
+            level_heldout.append(problem)
+        heldout += level_heldout
+        taken = {p["name"] for p in level_heldout}
+        level_rl = []
+        for problem in ordered:
+            if len(level_rl) == rl_per_level:
+                break
+            if problem["name"] in taken:
+                continue
+            shingles = code_shingles(problem["code"])
+            near = [h["name"] for h in heldout if jaccard(shingles, code_shingles(h["code"])) >= threshold]
+            if near:
+                dropped["rl_near_heldout"].append({"rl": problem["name"], "heldout": near})
+                continue
+            level_rl.append(problem)
+        rl += level_rl
+    overlap = {p["name"] for p in heldout} & {p["name"] for p in rl}
+    if overlap:
+        raise AssertionError(f"split overlap: {sorted(overlap)}")
+    return {
+        "salt": SPLIT_SALT, "decontamination_threshold": threshold,
+        "heldout": [{"level": p["level"], "problem_id": p["problem_id"], "name": p["name"]} for p in heldout],
+        "rl": [{"level": p["level"], "problem_id": p["problem_id"], "name": p["name"]} for p in rl],
+        "dropped": dropped,
+    }, heldout, rl
+
+
+def write_split(args, work: Path) -> dict:
+    """The split (built once; later runs reuse the saved one), its held-out JSONL and the RL tasks."""
+    split_file = work / "split.json"
+    if split_file.is_file():
+        return json.loads(split_file.read_text())
+    problems = read_problems(Path(args.kernelbench), (1, 2))
+    split, heldout, rl = make_split(problems, heldout_per_level=args.heldout_tasks // 2,
+                                    rl_per_level=args.rl_tasks // 2, threshold=args.decontamination_threshold)
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "heldout_problems.jsonl", "w") as out:
+        for p in heldout:
+            out.write(json.dumps(p) + "\n")
+    split["rl_rows"] = [{"task_id": f"kernelbench_L{p['level']}_{p['problem_id']}", "level": int(p["level"]),
+                         "name": p["name"], "code": p["code"]} for p in rl]
+    split_file.write_text(json.dumps(split, indent=1))
+    print(f"[split] {len(heldout)} held-out and {len(rl)} RL-training problems; dropped: "
+          + ", ".join(f"{len(v)} {k}" for k, v in split["dropped"].items()))
+    return split
+
+
+# -- the config --------------------------------------------------------------------------------------
+def build_config(args, work: Path):
+    from extensions.config import load_config
+
+    rounds = args.rl_rounds
+    overrides = [
+        f"run.root={work / 'run'}", "run.run_id=learning-signal",
+        f"model.name_or_path={args.model}",
+        "data.kernelbook=bundled", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
+        "data.kernelbench_levels=[1, 2]", "data.val_fraction=0.1", "data.rl_fraction=0.1",
+        f"sft.max_steps={args.sft_steps}", "sft.per_device_batch_size=4", "sft.gradient_accumulation_steps=1",
+        "sft.max_seq_len=2048", "sft.gradient_checkpointing=false", f"sft.learning_rate={args.sft_lr:.6e}",
+        f"sft.save_every_steps={args.sft_steps}", f"sft.eval_every_steps={args.sft_steps}",
+        f"rl.num_rounds={rounds}", f"rl.keep_last_rounds={rounds}", f"rl.tasks_per_round={args.rl_tasks}",
+        f"rl.samples_per_task={args.samples}", "rl.top_k=2", f"rl.learning_rate={args.rl_lr:.6e}",
+        f"rl.max_new_tokens={args.max_new_tokens}", "rl.temperature=0.8",
+        f"rl.generation_batch_size={args.batch_size}", "rl.per_device_batch_size=4", "rl.gradient_accumulation_steps=1",
+        "rl.curriculum.curriculum_start_p=0.5", "rl.curriculum.curriculum_end_p=0.5",
+        f"eval.samples_per_task={args.samples}", "eval.temperature=0.7", f"eval.max_new_tokens={args.max_new_tokens}",
+        f"eval.generation_batch_size={args.batch_size}", "eval.levels=[1, 2]",
+        f"verifier.device={args.device}", f"verifier.timing_budget_s={args.timing_budget:.6e}",
+        *args.set,
+    ]
+    return load_config(Path(__file__).resolve().parent.parent / "configs" / "default.yaml", overrides), overrides
+
+
+# -- phases ------------------------------------------------------------------------------------------
+class PhaseClock:
+    """Wall-clock seconds of each phase, kept in the work directory across runs."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seconds = json.loads(path.read_text()) if path.is_file() else {}
+
+    def record(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = round(self.seconds.get(phase, 0.0) + seconds, 1)
+        self.path.write_text(json.dumps(self.seconds, indent=1))
+
+
+def evaluate(cfg, name: str, model_path: str) -> dict:
+    """The project's evaluation of ``model_path`` on the held-out tasks (reused when already written)."""
+    from extensions.evaluation.commands import evaluate_model, output_files
+    from extensions.evaluation.inputs import load_tasks
+    from extensions.evaluation.runner import EvalSettings
+
+    outputs = output_files(cfg, None)
+    report_path = outputs.eval_report(name)
+    if report_path.is_file():
+        return json.loads(report_path.read_text())
+    tasks, issues = load_tasks(outputs.paths.eval_tasks, [1, 2], None)
+    report, _ = evaluate_model(cfg, name=name, model_path=model_path, tasks=tasks, tasks_file=outputs.paths.eval_tasks,
+                               task_issues=issues, outputs=outputs, settings=EvalSettings.from_config(cfg.eval),
+                               device=cfg.verifier.device, progress=True)
+    return report
+
+
+def prepare_data(cfg, split: dict) -> None:
+    """The data stage on the held-out problems, then the RL-training split as the RL tasks."""
+    from extensions.data.pipeline import format_summary, prepare
+    from extensions.paths import RunPaths
+
+    paths = RunPaths.from_config(cfg)
+    outcome = prepare(cfg, paths.processed, progress=False)
+    if not outcome.up_to_date:
+        print(format_summary(outcome.report))
+    with open(paths.rl_tasks, "w") as out:
+        for row in split["rl_rows"]:
+            out.write(json.dumps(row) + "\n")
+
+
+def run_phase(phase: str, cfg, clock: PhaseClock) -> None:
+    from extensions.paths import RunPaths
+    from extensions.training.rl import run_rl
+    from extensions.training.sft import run_sft
+
+    paths = RunPaths.from_config(cfg)
+    started = time.time()
+    if phase == "base":
+        evaluate(cfg, "base", cfg.model.name_or_path)
+    elif phase == "sft":
+        run_sft(cfg, progress=True)
+        evaluate(cfg, "sft", str(paths.final("sft")))
+    elif phase == "rl":
+        run_rl(cfg, progress=True)
+        for round_index in range(1, cfg.rl.num_rounds + 1):
+            evaluate(cfg, f"rl_round_{round_index}", str(paths.rl_round(round_index)))
+    clock.record(phase, time.time() - started)
+
+
+# -- the report --------------------------------------------------------------------------------------
+def interval(values: list[float], resamples: int, seed: int) -> dict:
+    from extensions.evaluation.stats import paired_bootstrap
+
+    result = paired_bootstrap(values, resamples, seed)
+    return {"mean": result.mean, "low": result.low, "high": result.high, "tasks": result.num_tasks}
+
+
+def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
+    """Per-model rates with 95% bootstrap intervals over tasks, in percent."""
+    from extensions.evaluation.compare import per_task_scores
+    from extensions.evaluation.stats import allowed_ks, pass_at_k
+
+    tasks = [t for t in report["tasks"] if t["samples"]]
+    summary = {
+        "correct_rate": interval(list(per_task_scores(report, "correct_rate").values()), resamples, 1),
+        "compiled_rate": interval(list(per_task_scores(report, "compiled_rate").values()), resamples, 2),
+        "timing": bool(report["verification"]["timing"]),
+    }
+    if summary["timing"]:
+        summary["fast_1"] = interval(list(per_task_scores(report, "fast_1").values()), resamples, 3)
+    fewest = min((len(t["samples"]) for t in tasks), default=0)
+    # Few samples per task here: every power of two up to that count, not only the report's 1, 5, 10...
+    for k in sorted({k for k in (1, 2, 4, 8) if k <= fewest} | set(allowed_ks(fewest))):
+        per_task = [100.0 * pass_at_k(len(t["samples"]), sum(bool(s["correct"]) for s in t["samples"]), k) for t in tasks]
+        summary[f"pass@{k}"] = interval(per_task, resamples, 10 + k)
+    summary["stages"] = report["metrics"].get("stage_counts")
+    summary["skipped_tasks"] = report.get("skipped_tasks", [])
+    return summary
+
+
+def fmt(block: Optional[dict]) -> str:
+    if not block:
+        return "n/a"
+    if block["low"] is None:
+        return f"{block['mean']:.1f}"
+    return f"{block['mean']:.1f} [{block['low']:.1f}, {block['high']:.1f}]"
+
+
+def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, clock: PhaseClock,
+                  overrides: list[str], resamples: int) -> dict:
+    from extensions.evaluation.compare import compare_reports
+
+    models = {name: model_summary(reports[name], cfg.eval.samples_per_task, resamples) for name in names}
+    paired = compare_reports({n: reports[n] for n in names}, bootstrap_samples=resamples)
+    consecutive = {(a, b) for a, b in zip(names, names[1:])} | {(names[0], names[-1])}
+    differences = [d for d in paired["differences"] if (d["baseline"], d["candidate"]) in consecutive]
+    return {
+        "device": device_name(), "models": models, "model_order": names, "differences": differences,
+        "phase_seconds": clock.seconds, "split": {k: v for k, v in split.items() if k != "rl_rows"},
+        "config_overrides": overrides,
+    }
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def table(results: dict) -> str:
+    metrics = ["correct_rate", "compiled_rate", "fast_1", "pass@1"]
+    metrics += sorted({k for m in results["models"].values() for k in m if k.startswith("pass@") and k != "pass@1"},
+                      key=lambda k: int(k.split("@")[1]))
+    lines = ["| model | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+    for name in results["model_order"]:
+        lines.append(f"| {name} | " + " | ".join(fmt(results["models"][name].get(m)) for m in metrics) + " |")
+    lines += ["", "| paired difference (pp) | metric | mean [95% CI] | significant |", "|---|---|---|---|"]
+    for d in results["differences"]:
+        ci = "n/a" if d["low"] is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+        lines.append(f"| {d['candidate']} - {d['baseline']} | {d['label']} | {ci} | {'yes' if d['significant'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = results["model_order"]
+    blocks = [results["models"][n]["correct_rate"] for n in names]
+    means = [b["mean"] for b in blocks]
+    low = [b["mean"] - (b["low"] if b["low"] is not None else b["mean"]) for b in blocks]
+    high = [(b["high"] if b["high"] is not None else b["mean"]) - b["mean"] for b in blocks]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.errorbar(range(len(names)), means, yerr=[low, high], marker="o", capsize=4)
+    ax.set_xticks(range(len(names)), ["base", "SFT"] + [f"RL {i}" for i in range(1, len(names) - 1)])
+    ax.set_ylabel("held-out correct rate (%)")
+    ax.set_title(f"{len(results['split']['heldout'])} held-out KernelBench L1/L2 tasks, 95% bootstrap CI")
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out: Path, resamples: int) -> None:
+    from extensions.evaluation.commands import output_files
+
+    outputs = output_files(cfg, None)
+    names = ["base", "sft"] + [f"rl_round_{i}" for i in range(1, cfg.rl.num_rounds + 1)]
+    present = [n for n in names if outputs.eval_report(n).is_file()]
+    if len(present) < 2:
+        raise SystemExit(f"report: only {present} evaluated; run the other phases first")
+    reports = {n: json.loads(outputs.eval_report(n).read_text()) for n in present}
+    results = build_results(cfg, present, reports, split, clock, overrides, resamples)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "learning_signal.json").write_text(json.dumps(results, indent=1))
+    (out / "learning_signal.md").write_text(table(results) + "\n")
+    plot(results, out / "learning_signal.png")
+    print(table(results))
+    print(f"phase seconds: {results['phase_seconds']}  device: {results['device']}")
+    print(f"results: {out}/learning_signal.{{json,md,png}}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernelbench", required=True, help="KernelBench problems JSONL (level, problem_id, name, code)")
+    parser.add_argument("--work", required=True, help="run directory (checkpoints, generations, reports)")
+    parser.add_argument("--out", default="outputs/learning_signal", help="where the results JSON, table and plot go")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--model", default="fetch:qwen2.5-coder-0.5b")
+    parser.add_argument("--heldout-tasks", type=int, default=24)
+    parser.add_argument("--rl-tasks", type=int, default=24)
+    parser.add_argument("--samples", type=int, default=4, help="samples per task in RL and evaluation")
+    parser.add_argument("--rl-rounds", type=int, default=2)
+    parser.add_argument("--sft-steps", type=int, default=16)
+    parser.add_argument("--sft-lr", type=float, default=1e-4)
+    parser.add_argument("--rl-lr", type=float, default=5e-5)
+    parser.add_argument("--max-new-tokens", type=int, default=768)
+    parser.add_argument("--batch-size", type=int, default=96, help="sequences decoded together")
+    parser.add_argument("--timing-budget", type=float, default=1.0, help="verifier timing seconds per candidate")
+    parser.add_argument("--decontamination-threshold", type=float, default=0.85)
+    parser.add_argument("--bootstrap", type=int, default=2000)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="further config overrides")
+    parser.add_argument("--quick", action="store_true",
+                        help="dry run of the same code on CPU: a tiny random model, 2+2 tasks, 2 samples, 1 round, 16 tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.device, args.heldout_tasks, args.rl_tasks, args.samples, args.rl_rounds = "cpu", 2, 2, 2, 1
+        args.sft_steps, args.max_new_tokens, args.batch_size = 1, 16, 4
+        # The tiny tokenizer spends about three times the tokens of a real one on the same prompt.
+        args.set = ["model.dtype=float32", "verifier.multi_input_num_tests=1", "sft.max_seq_len=4096", *args.set]
+    unknown = set(args.phases.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES}")
+    return args
+
+
+def main(argv=None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    work = Path(args.work).resolve()
+    if args.quick:
+        from extensions.training.tiny import save_tiny_model
+
+        args.model = str(save_tiny_model(work / "tiny-model"))
+    split = write_split(args, work)
+    cfg, overrides = build_config(args, work)
+    clock = PhaseClock(work / "phase_seconds.json")
+    prepare_data(cfg, split)
+    for phase in [p for p in PHASES if p in args.phases.split(",")]:
+        print(f"==== {phase}", flush=True)
+        if phase == "report":
+            report_phase(cfg, split, clock, overrides, Path(args.out), args.bootstrap)
+        else:
+            run_phase(phase, cfg, clock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
