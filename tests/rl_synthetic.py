@@ -43,7 +43,7 @@ def synthetic_config(root: Path, model_dir: Path, overrides=()):
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
         "rl.tasks_per_round=4", "rl.samples_per_task=8", "rl.max_new_tokens=8", "rl.temperature=1.0", "rl.top_p=1.0",
         "rl.generation_batch_size=32", "rl.per_device_batch_size=8", "rl.gradient_accumulation_steps=1",
-        "rl.reward_threshold=0.0", "rl.top_k=2", "rl.init=base", "lora.r=8", "lora.dropout=0.0", "sft.max_seq_len=1024",
+        "rl.reward_threshold=0.0", "rl.top_k=2", "rl.init=base", "prompt.mode=plain", "lora.r=8", "lora.dropout=0.0", "sft.max_seq_len=2048",
         LEARNING_LORA, *overrides,
     ])
     paths = RunPaths.from_config(cfg)

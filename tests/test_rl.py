@@ -102,7 +102,7 @@ def _rl_config(root: Path, model_dir: Path, extra=()):
     cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
         "rl.num_rounds=2", "rl.tasks_per_round=3", "rl.samples_per_task=3", "rl.top_k=2", "rl.max_new_tokens=12",
-        "rl.generation_batch_size=6", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2",
+        "rl.generation_batch_size=6", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2", "prompt.mode=plain",
         "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=2048", "lora.r=4",
         "rl.init=base", *extra,
     ])
@@ -215,3 +215,26 @@ def test_log_sampled_at_another_temperature_is_set_aside(tmp_path, model_dir):
     stale = paths.rl_candidates_log(1).with_name(paths.rl_candidates_log(1).name + ".stale-1")
     assert stale.read_text().splitlines()[0] == json.dumps(first[0])  # the old log, kept aside whole
     assert _log_records(paths, 1)[0]["sampling"]["temperature"] == 1.3
+
+
+def test_raicl_rounds_sample_and_train_on_the_retrieved_prompt(tmp_path, model_dir, monkeypatch):
+    """prompt.mode raicl reaches RL: the sampler and the update see the same retrieved examples."""
+    from extensions.data.retrieval import Example, build_index
+
+    cfg, paths = _rl_config(tmp_path, model_dir, ["prompt.mode=raicl", "prompt.raicl_k=1", "rl.num_rounds=1"])
+    marker = "retrieved_example_marker_kernel"
+    build_index([Example(f"kb_{i}", tiny_task_code(i), tiny_solution_code(i).replace("def ", f"def {marker}_", 1))
+                 for i in range(3)], paths.retrieval_index)
+    seen: list[list[dict]] = []
+    original = rollouts_module.sample_rollouts
+
+    def recording_sampler(model, tokenizer, conversations, *args, **kwargs):
+        seen.extend(conversations)
+        return original(model, tokenizer, conversations, *args, **kwargs)
+
+    monkeypatch.setattr(rollouts_module, "sample_rollouts", recording_sampler)
+    outcome = rl_module.run_rl(cfg, progress=False, verify_fn=fake_verify)
+    assert outcome.status == "finished"
+    assert seen and all(any(marker in m["content"] for m in conversation) for conversation in seen)
+    header = _log_records(paths, 1)[0]
+    assert header["prompt"]["mode"] == "raicl" and header["prompt"]["k"] == 1

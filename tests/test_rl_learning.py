@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory):
 @pytest.mark.parametrize("algorithm, overrides", [
     ("grpo", ["rl.learning_rate=0.02"]),
     ("rloo", ["rl.learning_rate=0.02"]),
-    ("best_of_n", ["rl.learning_rate=0.02", "rl.epochs_per_round=2"]),
+    ("best_of_n", ["rl.learning_rate=0.01", "rl.epochs_per_round=2", "rl.top_k=1"]),
 ])
 def test_policy_learns_a_synthetic_reward(tmp_path, model_dir, algorithm, overrides):
     from extensions.training.rl import run_rl

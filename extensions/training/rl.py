@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Optional
 
 from .. import checkpoints
+from ..data.retrieval import ExampleRetriever
 from ..modeling import load_tokenizer
 from ..paths import RunPaths
+from ..prompt_builder import PromptBuilder
 from . import state as train_state
 from .batching import DropReport, read_json_rows
 from .candidates import CandidateLog
@@ -152,7 +154,7 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
 
     if verify_fn is None:
         verify_fn = make_verify_fn(cfg.verifier, dist.verifier_device(cfg.verifier.device), progress=progress)
-    ctx = RoundContext(cfg, paths, dist, tokenizer, verify_fn, save_signal, progress)
+    ctx = RoundContext(cfg, paths, dist, tokenizer, verify_fn, save_signal, progress, prompts=_prompt_builder(cfg, paths))
     metrics = MetricsLogger.for_stage(paths, "rl", enabled=dist.is_main, report_to=cfg.logging.report_to,
                                       project=cfg.run.run_id)
     data_meta = {"rl_tasks": file_fingerprint(paths.rl_tasks), "tasks": len(tasks),
@@ -205,6 +207,12 @@ class RoundParts:
     data_meta: dict
 
 
+def _prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
+    """prompt.mode's builder; raicl reads the retrieval index prepare_data.py built for the run."""
+    return PromptBuilder.from_config(
+        cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))
+
+
 def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, policy_dir: Optional[Path]) -> Path:
     """sample -> verify -> score -> objective.update -> checkpoint."""
     cfg, dist, rl = ctx.cfg, ctx.dist, ctx.cfg.rl
@@ -225,8 +233,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
     update_ctx = UpdateContext(cfg, dist, trainer, ctx.tokenizer, parts.metrics, ctx.progress,
                                check_signal=lambda: check_signal(ctx, policy_dir))
     started = time.perf_counter()
-    update_stats = parts.objective.update(update_ctx, RoundRollouts(round_index, chosen, candidates,
-                                                                    task_prompt_ids(ctx.tokenizer, chosen)))
+    update_stats = parts.objective.update(update_ctx, RoundRollouts(
+        round_index, chosen, candidates, task_prompt_ids(ctx, chosen), {t["task_id"]: ctx.messages(t) for t in chosen}))
     training_s = time.perf_counter() - started
 
     level_rates = {int(level): rate for level, rate in stats["correct_rate_by_level"].items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..paths import RunPaths
-from ..prompts import build_messages
+from ..prompt_builder import PromptBuilder
 from ..sampling import SamplingParams, render_prompt_ids, sample_rollouts
 from ..verify.result import VerifyResult
 from .candidates import CandidateLog, sample_record, verdict_record
@@ -59,6 +59,11 @@ class RoundContext:
     verify_fn: VerifyFn
     save_signal: Any = None
     progress: bool = True
+    # prompt.mode's builder: RL samples from the prompts SFT trained on and evaluation asks with.
+    prompts: PromptBuilder = field(default_factory=PromptBuilder)
+
+    def messages(self, task: dict) -> list[dict[str, str]]:
+        return self.prompts.messages(task["code"], task["task_id"])
 
 
 class StopRequested(Exception):
@@ -97,9 +102,9 @@ def result_dict(result: Any) -> dict:
     raise TypeError(f"verifier returned {type(result).__name__}, expected VerifyResult")
 
 
-def task_prompt_ids(tokenizer, tasks: Sequence[dict]) -> dict[str, list[int]]:
+def task_prompt_ids(ctx: "RoundContext", tasks: Sequence[dict]) -> dict[str, list[int]]:
     """The rendered prompt of each task, as the sampler saw it (the update trains on prompt + sample)."""
-    ids = render_prompt_ids(tokenizer, [build_messages(t["code"]) for t in tasks])
+    ids = render_prompt_ids(ctx.tokenizer, [ctx.messages(t) for t in tasks])
     return {t["task_id"]: row for t, row in zip(tasks, ids)}
 
 
@@ -109,12 +114,12 @@ def _open_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], policy
     # The logged log-probs hold only for the same sampling distribution.
     sampling = {"temperature": rl.temperature, "top_p": rl.top_p, "max_new_tokens": rl.max_new_tokens}
     header = {"type": "round", "round": round_index, "task_ids": [t["task_id"] for t in tasks], "policy": policy,
-              "samples_per_task": rl.samples_per_task, "sampling": sampling}
+              "samples_per_task": rl.samples_per_task, "sampling": sampling, "prompt": ctx.prompts.describe()}
     if ctx.dist.is_main:
         existing = candidate_log.read()
-        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task", "sampling")):
+        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task", "sampling", "prompt")):
             stale = candidate_log.set_aside()
-            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list or sampling setting; "
+            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list, sampling setting or prompt; "
                   f"moved to {stale}", flush=True)
             existing = candidate_log.read()
         if existing.header is None:
@@ -155,7 +160,7 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
             seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
             batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
         )
-        _, rollouts = sample_rollouts(model, ctx.tokenizer, [build_messages(t["code"]) for t in chunk], n, params,
+        _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
                                       progress=ctx.progress)
         records = []
         for task, task_rollouts in zip(chunk, rollouts):

@@ -17,6 +17,7 @@ class RoundRollouts:
     tasks: list[dict]
     candidates: list[Candidate]  # every rank holds all of them, sorted by (task_id, sample_index)
     prompt_ids: dict[str, list[int]]  # task_id -> the rendered prompt the samples continue
+    messages: dict[str, list[dict[str, str]]]  # task_id -> the chat messages of that prompt
 
 
 @dataclass

@@ -8,7 +8,6 @@ import dataclasses
 import time
 from typing import Any, Optional, Sequence
 
-from ...prompts import build_messages
 from ..batching import tokenize_examples
 from ..rollouts import Candidate
 from ..trainer import OptimSettings, StepPlan
@@ -63,8 +62,7 @@ class BestOfN(Objective):
 
         rl, dist, round_index = self.rl, ctx.dist, rollouts.round_index
         kept = select_top_k(rollouts.candidates, rl.top_k, rl.reward_threshold)
-        code_of = {t["task_id"]: t["code"] for t in rollouts.tasks}
-        examples, report = tokenize_examples(ctx.tokenizer, [(build_messages(code_of[c.task_id]), c.text) for c in kept],
+        examples, report = tokenize_examples(ctx.tokenizer, [(rollouts.messages[c.task_id], c.text) for c in kept],
                                              self.max_seq_len, "kept candidates")
         if report.dropped and dist.is_main:
             print(f"[rl] round {round_index}: {report.summary('kept candidates')}", flush=True)
