@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -19,16 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
-from .result import VerifyResult
-from .reward import CHEATING_FLAGS, compute_reward, is_cheating
-from .sandbox import SandboxedProcess
+from .launcher import INPUTS_DIR, WorkerLauncher, file_sha256
+from .redact import redact_line, safe_name, sanitize_data
+from .result import STAGES, VerifyResult
+from .reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
+from .sandbox import SandboxedProcess, isolation_warnings
 from .tensor_io import TensorIOError, load_tensors, unpack
 
 _MAX_STATUS_BYTES = 1 << 20
-# Every problem's input file sits in <work_root>/inputs, bound read-only into each bwrap sandbox:
-# one candidate cannot alter the inputs of the next.
-INPUTS_DIR = "inputs"
-INSIDE_INPUTS_DIR = "/tmp/inputs"
+# Every problem's input file sits in <work_root>/inputs, bound read-only into each bwrap sandbox
+# (one candidate cannot alter the inputs of the next); process isolation copies them per candidate.
+__all__ = ["ProblemPreparer", "PreparedProblem", "WorkerLauncher", "judge_candidate", "INPUTS_DIR"]
+# Words in a worker's error that mean an allocation was refused by the memory cap.
+_MEMORY_ERRORS = ("MemoryError", "not enough memory", "can't allocate memory", "Cannot allocate memory",
+                  "std::bad_alloc")
 
 
 @dataclass
@@ -48,8 +51,23 @@ class PreparedProblem:
 
 
 def _tail_line(text: str) -> str:
+    """The last non-empty line of a worker's stderr, redacted (the candidate wrote it)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:200] if lines else ""
+    return redact_line(lines[-1]) if lines else ""
+
+
+def fail(result: VerifyResult, stage: str, category: str, detail=None) -> None:
+    """Record the first failure: ``<stage>: <category>[: <redacted detail>]``."""
+    from .redact import category_error
+
+    if result.error is None:
+        result.error = category_error(stage, category, detail)
+        result.error_category = category
+
+
+def _exception_category(message) -> str:
+    text = str(message)
+    return "memory_limit" if any(word in text for word in _MEMORY_ERRORS) else "exception"
 
 
 class ProblemPreparer:
@@ -119,9 +137,15 @@ def _bytes_of(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+_KNOWN_FLAGS = CHEATING_FLAGS | ADVISORY_FLAGS
+
+
 def _add_flags(result: VerifyResult, flags) -> None:
-    for flag in flags or []:
-        if isinstance(flag, str) and flag not in result.flags:
+    """Flags from a worker's status: only names the verifier knows pass (a status file is written
+    in the candidate's process, so an unknown string could carry anything out)."""
+    for flag in flags if isinstance(flags, list) else []:
+        flag = flag if isinstance(flag, str) and flag in _KNOWN_FLAGS else "unrecognised_flag"
+        if flag not in result.flags:
             result.flags.append(flag)
 
 
@@ -129,17 +153,13 @@ class _Run:
     """One candidate's worker process and the bookkeeping of its verdict."""
 
     def __init__(self, code: str, prepared: PreparedProblem, config, device: str, gpu: Optional[int],
-                 proc: SandboxedProcess, result: VerifyResult, timing: bool):
+                 proc: SandboxedProcess, result: VerifyResult, timing: bool, launcher: WorkerLauncher):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.result, self.proc = result, proc
         sandbox_dir = proc.sandbox_dir
         with open(os.path.join(sandbox_dir, "candidate.py"), "w") as fh:
             fh.write(code)
-        if proc.isolation == "bwrap":
-            inputs_file = f"{INSIDE_INPUTS_DIR}/{os.path.basename(prepared.inputs_file)}"
-        else:
-            inputs_file = "inputs.safetensors"
-            shutil.copyfile(prepared.inputs_file, os.path.join(sandbox_dir, inputs_file))
+        inputs_file, inputs_sha = launcher.inputs_path(proc, prepared)
         if timing:
             with open(os.path.join(sandbox_dir, "problem.py"), "w") as fh:
                 fh.write(prepared.source)
@@ -150,28 +170,36 @@ class _Run:
             "device": device, "seed": config.seed, "init": prepared.init, "inputs_file": inputs_file,
             "sets": [{"name": s["name"], "inputs": s["inputs"], "timing": s["timing"]} for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
+            "memory_limit_mb": int(getattr(config, "memory_limit_mb", 0)),
         }
-        with open(os.path.join(sandbox_dir, "job.json"), "w") as fh:
+        job_path = os.path.join(sandbox_dir, "job.json")
+        with open(job_path, "w") as fh:
             json.dump(job, fh)
-        proc.send_line("go")
+        # Under process isolation other processes of this user could rewrite these files: the
+        # worker checks their hashes, sent on its private channel, before the candidate runs.
+        hashes = (inputs_sha, file_sha256(os.path.join(sandbox_dir, "candidate.py")), file_sha256(job_path))
+        proc.send_line("go " + " ".join(hashes) if inputs_sha else "go")
 
     def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
         """The worker's status file ``name``, or None with ``result.error`` saying why not."""
         if not self.proc.wait_for_file(name, deadline):
-            if self.proc.timed_out:
-                self.result.error = f"{phase}: timeout after {self.config.timeout_s:g}s"
+            if self.proc.memory_exceeded:
+                fail(self.result, phase, "memory_limit",
+                     f"more than {self.config.memory_limit_mb} MB of host memory; killed")
+                self.result.details["memory_exceeded"] = True
+            elif self.proc.timed_out:
+                fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
                 self.result.details["timed_out"] = True
             else:
-                code = self.proc.proc.poll()
+                code = self.proc.poll()
                 outcome = self.proc.finish(time.monotonic() + 5)
                 last = _tail_line(outcome.stderr)
-                self.result.error = f"{phase}: candidate process exited with status {code}" + (
-                    f" ({last})" if last else "")
+                fail(self.result, phase, "crashed", f"exit status {code}" + (f" ({last})" if last else ""))
             return None
         try:
             return _read_status(self.proc.path(name))
         except (OSError, ValueError) as exc:
-            self.result.error = f"{phase}: unreadable worker status ({str(exc)[:80]})"
+            fail(self.result, phase, "bad_output", f"unreadable worker status ({type(exc).__name__})")
             return None
 
     def judge_sets(self, deadline: float) -> bool:
@@ -188,7 +216,7 @@ class _Run:
             ok = self._check_set(index, set_info, status, phase)
             if not ok:
                 all_ok = False
-                if staged or is_cheating(result.flags) or result.error and "timeout" in result.error:
+                if staged or is_cheating(result.flags) or result.error_category in ("timeout", "memory_limit"):
                     return False
             elif phase == "tiny" and all_ok:
                 result.stage = "tiny"
@@ -199,15 +227,17 @@ class _Run:
     def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
         result, cfg = self.result, self.config
         _add_flags(result, status.get("flags"))
-        for call in status.get("library_calls") or []:
-            if isinstance(call, str) and call not in result.allowed_library_calls:
+        calls = status.get("library_calls")
+        for call in calls if isinstance(calls, list) else []:
+            call = safe_name(call)
+            if call not in result.allowed_library_calls:
                 result.allowed_library_calls.append(call)
         label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
         if not status.get("ok"):
-            result.error = result.error or f"{label}: {str(status.get('error'))[:240]}"
+            fail(result, label, _exception_category(status.get("error")), status.get("error"))
             return False
         if is_cheating(result.flags):
-            result.error = result.error or f"{label}: runtime audit: {_audit_summary(result.flags, status)}"
+            fail(result, label, "audit", _audit_summary(result.flags, status))
             return False
         expected_tensors_bytes = _bytes_of(self.prepared.expected) + _bytes_of(self.prepared.inputs)
         try:
@@ -216,20 +246,21 @@ class _Run:
             output = unpack(status["output"], tensors)
             inputs_after = unpack(status["inputs_after"], tensors)
         except (TensorIOError, KeyError, OSError) as exc:
-            result.error = result.error or f"{label}: unreadable output ({str(exc)[:120]})"
+            fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
             return False
         inputs_before = unpack(set_info["inputs"], self.prepared.inputs)
         if not inputs_unchanged(inputs_after, inputs_before):
             _add_flags(result, ["mutated_inputs"])
-            result.error = result.error or f"{label}: forward modified its inputs"
+            fail(result, label, "mutated_inputs", "forward modified its inputs")
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
         mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
         if mismatch is not None:
-            result.error = result.error or f"{label}: {mismatch.message}"
+            fail(result, label, "mismatch", mismatch.message)
             result.details.setdefault("mismatch", mismatch.reason)
             return False
-        result.details.setdefault("launches", []).append(status.get("launches"))
+        launches = status.get("launches")
+        result.details.setdefault("launches", []).append(launches if isinstance(launches, int) else None)
         return True
 
     def time_candidate(self) -> None:
@@ -237,7 +268,7 @@ class _Run:
         try:
             from extensions.timing import gpu_lease
         except Exception as exc:  # noqa: BLE001 - the timer is optional
-            result.error = f"timing unavailable: {type(exc).__name__}: {str(exc)[:120]}"
+            fail(result, "timing", "timing", f"timer unavailable: {type(exc).__name__}")
             self.proc.send_line("stop")
             return
         try:
@@ -246,14 +277,14 @@ class _Run:
                 self.proc.send_line("time")
                 status = self.wait("timing.json", time.monotonic() + cfg.timeout_s, "timing")
         except TimeoutError as exc:
-            result.error = f"timing: {str(exc)[:200]}"
+            fail(result, "timing", "timeout", str(exc))
             return
         if status is None:
             return
         if status.get("error"):
-            result.error = str(status["error"])[:300]
+            fail(result, "timing", "timing", status["error"])
             return
-        report = status.get("report") or {}
+        report = sanitize_data(status.get("report")) or {}
         result.timing = report
         _add_flags(result, report.get("flags"))
         speedup = report.get("speedup")
@@ -267,10 +298,10 @@ class _Run:
                 expected = unpack(timed_set["expected"], self.prepared.expected)
                 if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0)) is not None:
                     _add_flags(result, ["memoized_output"])
-                    result.error = "timing: the last timed call's output does not match the reference"
+                    fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
                 _add_flags(result, ["memoized_output"])
-                result.error = f"timing: last output unreadable ({str(exc)[:80]})"
+                fail(result, "timing", "bad_output", f"last output unreadable ({type(exc).__name__})")
         if isinstance(speedup, (int, float)) and speedup == speedup and speedup > 0:
             result.speedup = float(speedup)
             if result.speedup > cfg.speedup_review_bound:
@@ -281,10 +312,11 @@ class _Run:
 
 def _audit_summary(flags: list[str], status: dict) -> str:
     cheating = [f for f in flags if f in CHEATING_FLAGS]
-    ops = status.get("disallowed_ops") or []
+    ops = status.get("disallowed_ops")
+    ops = ops if isinstance(ops, list) else []
     text = ", ".join(cheating)
     if ops:
-        text += f" (ops: {', '.join(str(o) for o in ops[:4])})"
+        text += f" (ops: {', '.join(safe_name(o) for o in ops[:4])})"
     return text
 
 
@@ -299,67 +331,17 @@ def _judge_correctness(run: _Run, result: VerifyResult, deadline: float) -> bool
     if compiled is None:
         return False
     if not compiled.get("ok"):
-        result.error = f"compile: {str(compiled.get('error'))[:240]}"
+        if compiled.get("sandbox_error"):
+            fail(result, "compile", "sandbox", compiled.get("error"))
+        else:
+            fail(result, "compile", _exception_category(compiled.get("error")), compiled.get("error"))
         return False
     result.stage = "compile"
     _add_flags(result, compiled.get("flags"))
     if is_cheating(result.flags):
-        result.error = f"compile: {', '.join(f for f in result.flags if f in CHEATING_FLAGS)}"
+        fail(result, "compile", "audit", ", ".join(f for f in result.flags if f in CHEATING_FLAGS))
         return False
     return run.judge_sets(deadline)
-
-
-class WorkerLauncher:
-    """Starts sandboxed workers, one fresh process per candidate. With ``prespawn`` it keeps one
-    started worker per slot waiting (torch and Triton imported, no candidate yet), so the next
-    candidate does not wait for the imports. A worker never serves a second candidate."""
-
-    def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool):
-        self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
-        self.inputs_root = os.path.join(work_root, INPUTS_DIR)
-        os.makedirs(self.inputs_root, exist_ok=True)
-        self.prespawn = prespawn
-        self._to_start = total
-        self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
-        self._lock = threading.Lock()
-
-    def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
-        sandbox_dir = tempfile.mkdtemp(prefix="cand-", dir=self.work_root)
-        ro_files = {self.inputs_root: INSIDE_INPUTS_DIR} if self.isolation == "bwrap" else None
-        return SandboxedProcess(
-            [sys.executable, "-m", "extensions.verify.worker"], sandbox_dir, device=self.device,
-            gpu_index=gpu, isolation=self.isolation, max_output_bytes=self.config.max_output_bytes,
-            ro_files=ro_files,
-        )
-
-    def take(self, gpu: Optional[int]) -> SandboxedProcess:
-        with self._lock:
-            self._to_start -= 1
-            spares = self._spares.get(gpu) or []
-            proc = spares.pop() if spares else None
-        if proc is not None and proc.proc.poll() is not None:  # died while waiting
-            self.discard(proc)
-            proc = None
-        proc = proc or self._spawn(gpu)
-        if self.prespawn:
-            with self._lock:
-                waiting = sum(len(v) for v in self._spares.values())
-                if self._to_start - waiting > 0:
-                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
-        return proc
-
-    @staticmethod
-    def discard(proc: SandboxedProcess) -> None:
-        proc.kill()
-        proc.finish(time.monotonic() + 5)
-        shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
-
-    def close(self) -> None:
-        with self._lock:
-            spares = [p for procs in self._spares.values() for p in procs]
-            self._spares.clear()
-        for proc in spares:
-            self.discard(proc)
 
 
 def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, pool, isolation: str,
@@ -369,10 +351,11 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     protocol on CPU tensors (meaningless numbers; for testing the protocol without a GPU)."""
     result = VerifyResult(label, stage="static", isolation="none")
     if not prepared.ok:
-        result.error = f"problem: {prepared.error}"
+        fail(result, "problem", "problem", prepared.error)
         result.details["problem_error"] = True
         return result
     result.isolation = isolation
+    result.warnings.extend(isolation_warnings(isolation))
     if prepared.skipped:
         result.details["skipped_input_sets"] = prepared.skipped
     result.details["input_sets"] = [s["name"] for s in prepared.sets]
@@ -387,21 +370,24 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
         with gate.shared():  # other correctness runs may share this GPU; timing may not
             timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
             proc = launcher.take(gpu)
-            run = _Run(code, prepared, config, device, gpu, proc, result, timing)
+            run = _Run(code, prepared, config, device, gpu, proc, result, timing, launcher)
             deadline = time.monotonic() + config.timeout_s
             passed = _judge_correctness(run, result, deadline)
         wants_timing = timing and (
             passed or (result.passed("compile") and not config.staged_skip_timing_on_failure))
-        if wants_timing and not is_cheating(result.flags) and run.proc.proc.poll() is None:
+        if wants_timing and not is_cheating(result.flags) and run.proc.poll() is None:
             with gate.exclusive():
                 run.time_candidate()
         run.proc.send_line("stop")
         outcome = run.proc.finish(time.monotonic() + 10)
         result.details["output_bytes"] = {"stdout": outcome.stdout_bytes, "stderr": outcome.stderr_bytes}
+        if outcome.memory_exceeded and result.error_category != "memory_limit":
+            result.stage = min(result.stage, "compile", key=lambda s: STAGES.index(s))
+            result.error, result.error_category = None, None
+            fail(result, "full", "memory_limit", f"more than {config.memory_limit_mb} MB of host memory; killed")
     finally:
         if proc is not None:
-            proc.kill()
-            shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
+            launcher.release(proc, gpu)
         pool.release(gpu)
         if own_launcher:
             launcher.close()

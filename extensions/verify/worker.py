@@ -17,6 +17,7 @@ The runtime audit is installed before the candidate is imported.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -172,27 +173,78 @@ def run_timing(job: dict, model, tensors: dict, device: str) -> dict:
         return {"error": "timing failed: " + short_error(exc)}
 
 
-def main() -> None:
-    # The parent's commands arrive on a private copy of stdin; the candidate's stdin is empty.
-    control = os.fdopen(os.dup(0), "r")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-
-    # Imports first: the parent may start this process before it has a candidate for it ("go").
-    import torch
+def preload() -> None:
+    """Everything a worker imports before it is given a candidate (no CUDA initialisation: a
+    fork server forks its children after this)."""
+    import torch  # noqa: F401
     import triton  # noqa: F401
+    import triton.language  # noqa: F401
+
+    from . import audit, tensor_io  # noqa: F401
+
+
+def limit_memory(limit_mb: int, device: str) -> None:
+    """Cap the data segment (heap and private writable mappings) at what the worker holds now
+    plus ``limit_mb``: an allocation above it fails at once, before pages are touched. Only on
+    CPU: CUDA's runtime maps memory in ways a data limit can break; there the parent's resident
+    memory watch is the cap."""
+    import resource
+
+    if limit_mb <= 0 or device != "cpu":
+        return
+    held = 0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmData:"):
+                held = int(line.split()[1]) * 1024
+    limit = held + limit_mb * (1 << 20)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def serve(control) -> None:
+    """Judge one candidate in the current directory, driven by lines on ``control``."""
+    import torch
 
     from .audit import RuntimeAudit
+    from .proctree import become_subreaper
     from .tensor_io import load_tensors
 
-    if control.readline().strip() != "go":
+    command = control.readline().split()
+    if not command or command[0] != "go":
         return
-    with open("job.json") as fh:
-        job = json.load(fh)
+    become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
+    # Under process isolation other processes of this user could rewrite the job and input files:
+    # their hashes come on this private channel and each file is read once, then checked.
+    expected_hashes = command[1:]  # inputs, candidate, job
+    with open("job.json", "rb") as fh:
+        job_bytes = fh.read()
+    if expected_hashes and hashlib.sha256(job_bytes).hexdigest() != expected_hashes[-1]:
+        _write_json("compile.json", {"ok": False, "sandbox_error": True,
+                                     "error": "the job file was altered by another process"})
+        return
+    job = json.loads(job_bytes)
     device = "cuda" if job["device"] != "cpu" else "cpu"
     if device == "cpu":
         torch.set_num_threads(1)
-    tensors = load_tensors(job["inputs_file"])
+    if expected_hashes:
+        from safetensors.torch import load as load_tensor_bytes
+
+        with open(job["inputs_file"], "rb") as fh:
+            input_bytes = fh.read()
+        if hashlib.sha256(input_bytes).hexdigest() != expected_hashes[0]:
+            _write_json("compile.json", {"ok": False, "sandbox_error": True,
+                                         "error": "the input file was altered by another process"})
+            return
+        tensors = load_tensor_bytes(input_bytes)
+        del input_bytes
+        with open(CANDIDATE_FILE, "rb") as fh:
+            if len(expected_hashes) > 2 and hashlib.sha256(fh.read()).hexdigest() != expected_hashes[1]:
+                _write_json("compile.json", {"ok": False, "sandbox_error": True,
+                                             "error": "the candidate file was altered by another process"})
+                return
+    else:
+        tensors = load_tensors(job["inputs_file"])
+    limit_memory(int(job.get("memory_limit_mb", 0)), device)
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
     try:
@@ -207,6 +259,22 @@ def main() -> None:
         _write_json(f"set_{index}.json", run_set(model, index, set_spec, tensors, device, audit))
     if control.readline().strip() == "time" and job.get("timing"):
         _write_json("timing.json", run_timing(job, model, tensors, device))
+
+
+def private_control_channel():
+    """The parent's commands arrive on a private copy of stdin; the candidate's stdin is empty."""
+    control = os.fdopen(os.dup(0), "r")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return control
+
+
+def main() -> None:
+    control = private_control_channel()
+    # Imports first: the parent may start this process before it has a candidate for it ("go").
+    preload()
+    serve(control)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,165 @@
+"""Where each candidate's worker comes from: a child of a sandboxed fork server (the default), or
+a fresh sandboxed process per candidate (``verifier.fork_server: false``).
+
+Either way a worker judges exactly one candidate in a directory nobody else is given:
+
+* ``bwrap``: one fork server per worker slot, each in its own bubblewrap sandbox whose only
+  writable directory is the slot's; the candidate's directory is made inside it, and removed (with
+  every process the candidate left) before the slot's next candidate is forked. The batch's input
+  files are bound read-only.
+* ``process``: each candidate gets its own private root (``mkdtemp``, mode 0700) outside the
+  batch's directory, its own copy of the inputs written from the parent's memory, and the SHA-256 of
+  its inputs and job file on its private control channel, so a tampered file is refused before the
+  candidate runs. Workers import the verifier from a copy, never from the checkout.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from .forkserver import ForkServer, inside_path
+from .sandbox import (INSIDE_INPUTS_DIR, INSIDE_WORK_DIR, SandboxedProcess, private_code_copy,
+                      remove_tree)
+
+INPUTS_DIR = "inputs"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class WorkerLauncher:
+    """Hands out one fresh worker per candidate (``take``) and takes it back (``release``)."""
+
+    def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool,
+                 slots: Optional[list[Optional[int]]] = None):
+        self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
+        self.inputs_root = os.path.join(work_root, INPUTS_DIR)
+        os.makedirs(self.inputs_root, exist_ok=True)
+        self.use_fork_server = bool(getattr(config, "fork_server", True))
+        self.prespawn = prespawn and not self.use_fork_server
+        self.pythonpath = private_code_copy(work_root) if isolation == "process" else None
+        self.memory_limit_kb = max(0, int(getattr(config, "memory_limit_mb", 0))) * 1024
+        self._to_start = total
+        self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
+        self._idle: dict[Optional[int], list[ForkServer]] = {}
+        self._servers: list[ForkServer] = []
+        self._lock = threading.Lock()
+        if self.use_fork_server:
+            for gpu in (slots or [])[: max(0, total)]:
+                self._idle.setdefault(gpu, []).append(self._start_server(gpu))
+
+    # -- directories -----------------------------------------------------------------------------
+
+    def candidate_dir(self, server: Optional[ForkServer] = None) -> str:
+        if self.isolation == "process":
+            return tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
+        parent = server.work_dir if server is not None else self.work_root
+        return tempfile.mkdtemp(prefix="cand-", dir=parent)
+
+    def ro_binds(self) -> Optional[dict[str, str]]:
+        return {self.inputs_root: INSIDE_INPUTS_DIR} if self.isolation == "bwrap" else None
+
+    def inputs_path(self, proc, prepared) -> tuple[str, Optional[str]]:
+        """The path the worker opens for ``prepared``'s inputs, and the hash it must check."""
+        from .tensor_io import save_tensors
+
+        if self.isolation == "bwrap":
+            return f"{INSIDE_INPUTS_DIR}/{os.path.basename(prepared.inputs_file)}", None
+        local = proc.path("inputs.safetensors")
+        save_tensors(local, prepared.inputs)  # from the parent's memory, not from a shared file
+        return "inputs.safetensors", file_sha256(local)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _start_server(self, gpu: Optional[int]) -> ForkServer:
+        slot_dir = tempfile.mkdtemp(prefix="slot-", dir=self.work_root)
+        server = ForkServer(device=self.device, gpu_index=gpu, isolation=self.isolation, work_dir=slot_dir,
+                            max_output_bytes=self.config.max_output_bytes, memory_limit_kb=self.memory_limit_kb,
+                            ro_binds=self.ro_binds(), pythonpath=self.pythonpath)
+        with self._lock:
+            self._servers.append(server)
+        return server
+
+    def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
+        return SandboxedProcess(
+            [sys.executable, "-m", "extensions.verify.worker"], self.candidate_dir(),
+            device=self.device, gpu_index=gpu, isolation=self.isolation,
+            max_output_bytes=self.config.max_output_bytes, ro_files=self.ro_binds(),
+            pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
+
+    def _take_server(self, gpu: Optional[int]) -> ForkServer:
+        with self._lock:
+            idle = self._idle.get(gpu) or []
+            server = idle.pop() if idle else None
+        if server is not None and not server.alive:
+            server.close()
+            server = None
+        server = server or self._start_server(gpu)
+        if not server.wait_ready(max(60.0, self.config.timeout_s)):
+            server.close()
+            raise RuntimeError("the verifier's fork server did not start")
+        return server
+
+    def take(self, gpu: Optional[int]):
+        """A worker for one candidate: a forked child (fork server) or a fresh process."""
+        with self._lock:
+            self._to_start -= 1
+        if self.use_fork_server:
+            server = self._take_server(gpu)
+            directory = self.candidate_dir(server)
+            return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+        with self._lock:
+            spares = self._spares.get(gpu) or []
+            proc = spares.pop() if spares else None
+        if proc is not None and proc.poll() is not None:  # died while waiting
+            self.discard(proc)
+            proc = None
+        proc = proc or self._spawn(gpu)
+        if self.prespawn:
+            with self._lock:
+                waiting = sum(len(v) for v in self._spares.values())
+                if self._to_start - waiting > 0:
+                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
+        return proc
+
+    def release(self, proc, gpu: Optional[int]) -> None:
+        """After the verdict: kill what is left of the candidate, remove its directory, and give
+        its fork server back for the slot's next candidate."""
+        proc.kill()
+        server = getattr(proc, "server", None)
+        if server is not None:
+            server.wait_exit(10)
+            left = server.candidate_pids()
+            if left:  # something survived the kill: this server is not reused
+                server.close()
+        remove_tree(proc.sandbox_dir)
+        if server is not None and server.alive:
+            with self._lock:
+                self._idle.setdefault(gpu, []).append(server)
+
+    @staticmethod
+    def discard(proc: SandboxedProcess) -> None:
+        proc.kill()
+        proc.finish(time.monotonic() + 5)
+        remove_tree(proc.sandbox_dir)
+
+    def close(self) -> None:
+        with self._lock:
+            spares = [p for procs in self._spares.values() for p in procs]
+            self._spares.clear()
+            servers, self._servers = self._servers, []
+            self._idle.clear()
+        for proc in spares:
+            self.discard(proc)
+        for server in servers:
+            server.close()
