@@ -1,7 +1,9 @@
-"""The candidate sandbox: real worker processes (bubblewrap where it works) running hostile code.
+"""The candidate sandbox: real worker processes (bubblewrap, and process isolation where a test
+asks for it by name) running hostile code.
 
 The static check would reject most of these candidates before they run; here they go straight to
 the sandbox (``judge_candidate``) because the sandbox must hold even when a check upstream misses.
+Each property is tested in every isolation mode that promises it.
 """
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 
 import pytest
@@ -19,7 +23,9 @@ import pytest
 from extensions.config import VerifierConfig
 from extensions.verify.api import _DevicePool, verify_code_unscreened
 from extensions.verify.judge import ProblemPreparer, judge_candidate
-from extensions.verify.sandbox import PROJECT_ROOT, SandboxedProcess, bwrap_works, choose_isolation
+from extensions.verify.sandbox import (PROCESS_ISOLATION_WARNING, PROJECT_ROOT, SandboxedProcess,
+                                       SandboxUnavailable, bwrap_problem, bwrap_works, choose_isolation,
+                                       python_paths)
 
 PROBLEM = textwrap.dedent("""
     import torch
@@ -72,6 +78,9 @@ MODEL_NEW = textwrap.dedent("""
 """)
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot start a sandbox here")
+# Every isolation mode; bwrap is skipped where it cannot start (process is always available).
+BOTH_MODES = pytest.mark.parametrize("isolation", [
+    pytest.param("bwrap", marks=needs_bwrap), "process"])
 
 
 def candidate(at_import: str = "", forward_prelude: str = "pass") -> str:
@@ -86,7 +95,7 @@ class Ctx:
     pool: _DevicePool
     root: str
 
-    def judge(self, code: str, isolation: str = "auto", **overrides):
+    def judge(self, code: str, isolation: str = "bwrap", **overrides):
         config = dataclasses.replace(self.config, **overrides)
         return judge_candidate(code, self.prepared, config, "cpu", self.pool, choose_isolation(isolation),
                                self.root, "c")
@@ -117,16 +126,39 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
-def test_correct_candidate_passes_in_the_sandbox(ctx):
-    result = ctx.judge(candidate())
-    assert result.error is None and result.stage == "full" and result.correct
-    assert result.isolation == ("bwrap" if bwrap_works() else "process")
 
 
-@pytest.mark.parametrize("isolation", ["bwrap", "process"])
-def test_timeout_kills_the_whole_process_group(ctx, isolation):
-    if isolation == "bwrap" and not bwrap_works():
-        pytest.skip("no bubblewrap")
+def _wait_gone(marker: str, seconds: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _processes_with(marker)
+
+
+@BOTH_MODES
+def test_correct_candidate_passes_and_says_which_isolation(ctx, isolation):
+    result = ctx.judge(candidate(), isolation=isolation)
+    assert result.error is None and result.stage == "full" and result.correct, result.error
+    assert result.isolation == isolation
+    assert result.warnings == ([PROCESS_ISOLATION_WARNING] if isolation == "process" else [])
+
+
+def test_auto_never_falls_back_to_process_silently(monkeypatch):
+    import shutil
+
+    bwrap_problem.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(SandboxUnavailable, match="bubblewrap.*verifier.isolation: process"):
+            choose_isolation("auto")
+        assert choose_isolation("process") == "process"  # only when asked for by name
+    finally:
+        monkeypatch.undo()
+        bwrap_problem.cache_clear()
+
+
+@BOTH_MODES
+def test_timeout_kills_the_whole_process_tree(ctx, isolation):
     marker = f"sleeper-{uuid.uuid4().hex}"
     code = candidate(at_import=f"""
         import subprocess, sys, time
@@ -134,26 +166,45 @@ def test_timeout_kills_the_whole_process_group(ctx, isolation):
         time.sleep(600)
     """)
     result = ctx.judge(code, isolation=isolation, timeout_s=6.0)
-    assert result.error == "compile: timeout after 6s"
+    assert result.error == "compile: timeout: after 6s" and result.error_category == "timeout"
     assert result.stage == "static" and not result.correct
+    assert _wait_gone(marker) == []
+
+
+@BOTH_MODES
+def test_setsid_grandchild_does_not_outlive_the_verdict(ctx, isolation, tmp_path):
+    """A double-forked grandchild in its own session, still running after the worker is done, is
+    killed with the worker; the file it would write after the verdict never appears."""
+    marker = f"survivor-{uuid.uuid4().hex}"
+    late_file = tmp_path / "written-after-the-verdict"
+    # Under bwrap the host path is invisible; the grandchild then writes into its own directory.
+    target = str(late_file) if isolation == "process" else "late.txt"
+    code = candidate(at_import=f"""
+        import os, subprocess, sys
+        script = "import os, time\\nos.setsid()\\nif os.fork():\\n    os._exit(0)\\ntime.sleep(4)\\nopen({target!r}, 'w').write('alive')\\n"
+        subprocess.Popen([sys.executable, "-c", script, "{marker}"], start_new_session=True).wait()
+    """)
+    result = ctx.judge(code, isolation=isolation)
+    assert result.correct, result.error
+    assert _wait_gone(marker, 2.0) == []
+    time.sleep(5)
+    assert not late_file.exists()
     assert _processes_with(marker) == []
 
 
 def test_exit_calls_in_the_candidate_are_verdicts(ctx):
     at_import = ctx.judge(candidate(at_import="import sys\nsys.exit(0)\n"))
-    assert at_import.stage == "static"
-    assert at_import.error.startswith("compile: SystemExit") and "candidate line" in at_import.error
+    assert at_import.stage == "static" and at_import.error_category == "exception"
+    assert at_import.error.startswith("compile: exception: SystemExit") and "candidate line" in at_import.error
     in_forward = ctx.judge(candidate(forward_prelude="import os\nos._exit(3)"))
-    assert in_forward.stage == "compile"
-    assert in_forward.error.startswith("tiny: candidate process exited with status 3")
+    assert in_forward.stage == "compile" and in_forward.error_category == "crashed"
+    assert in_forward.error.startswith("tiny: crashed: exit status 3")
 
 
 def test_output_flood_is_bounded_and_drained(tmp_path):
     flood = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(300):\n    sys.stdout.write(chunk)\n"
     proc = SandboxedProcess([sys.executable, "-c", flood], str(tmp_path), device="cpu", gpu_index=None,
                             isolation="process", max_output_bytes=4096)
-    import time
-
     outcome = proc.finish(time.monotonic() + 120)
     assert outcome.returncode == 0 and not outcome.timed_out
     assert outcome.stdout_bytes == 300 << 20
@@ -167,7 +218,8 @@ def test_flooding_candidate_is_still_judged(ctx):
     assert result.details["output_bytes"]["stdout"] >= 200 << 20
 
 
-def test_secrets_never_reach_the_candidate_or_the_result(ctx, monkeypatch):
+@BOTH_MODES
+def test_secrets_never_reach_the_candidate_or_the_result(ctx, monkeypatch, isolation):
     secret = f"s3cr3t-{uuid.uuid4().hex}"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", secret + "hf")
@@ -177,28 +229,107 @@ def test_secrets_never_reach_the_candidate_or_the_result(ctx, monkeypatch):
         print(dict(os.environ))
         names = [k for k in os.environ if any(s in k.upper() for s in ("AWS", "HF_", "TOKEN", "SECRET", "KEY"))]
         hits = sum("s3cr3t-" in v for v in os.environ.values())
-        raise RuntimeError(f"names={names} hits={hits}")
+        try:  # the parent is the fork server: a clean environment, and not readable at all
+            parent_hits = open(f"/proc/{os.getppid()}/environ", "rb").read().count(b"s3cr3t-")
+        except OSError:
+            parent_hits = 0
+        raise RuntimeError(f"names={names} hits={hits} parent_hits={parent_hits}")
     """)
-    result = ctx.judge(code)
-    assert result.error.startswith("compile: RuntimeError: names=[] hits=0"), result.error
+    result = ctx.judge(code, isolation=isolation)
+    assert result.error.startswith("compile: exception: RuntimeError: names=[] hits=0 parent_hits=0"), result.error
     assert secret not in json.dumps(result.to_dict())
+
+
+@needs_bwrap
+def test_files_outside_the_sandbox_cannot_be_read_under_bwrap(ctx, tmp_path):
+    """Only the Python installation, /usr, the verifier code and the candidate's own directory are
+    visible: a secret planted anywhere else (here: a temporary directory, the checkout, the home
+    directory, /etc) cannot be read, whatever its path."""
+    planted = tmp_path / "credentials"
+    planted.write_text("aws_secret_access_key = planted-secret-value\n")
+    targets = [str(planted), str(PROJECT_ROOT / "README.md"), str(PROJECT_ROOT / "tests" / "conftest.py"),
+               os.path.expanduser("~/.bashrc"), "/etc/hostname", "/etc/passwd", "/work"]
+    code = candidate(at_import=f"""
+        import os
+        readable = []
+        for path in {targets!r}:
+            try:
+                if os.path.isdir(path):
+                    os.listdir(path)
+                else:
+                    open(path, "rb").read()
+                readable.append(path)
+            except OSError:
+                pass
+        raise RuntimeError("readable=" + str(len(readable)) + " root=" + ",".join(sorted(os.listdir("/"))))
+    """)
+    result = ctx.judge(code, isolation="bwrap")
+    assert result.error_category == "exception"
+    assert "readable=0 " in result.error, result.error
+    top_level = set(result.error.split("root=")[1].split()[0].split(","))
+    # Only the system directories, the sandbox's own and the first component of each Python path.
+    allowed = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sandbox", "sys"}
+    allowed |= {path.strip("/").split("/")[0] for path in python_paths()}
+    assert top_level <= allowed, top_level - allowed
+
+
+@BOTH_MODES
+def test_error_text_is_redacted(ctx, monkeypatch, isolation):
+    """A candidate that raises what it read (file contents, keys, environment values, paths, long
+    blobs, several lines) gets a category and one short redacted line."""
+    monkeypatch.setenv("VERIFY_TEST_PARENT_VALUE", "parent-value-7f3a9c")
+    key = "AKIA" + "Q7XJ4M2P9ZL8W3K5"
+    blob = "c2VjcmV0LWZpbGUtY29udGVudHMtdGhhdC1zaG91bGQtbm90LWxlYXZl"
+    code = candidate(at_import=f"""
+        raise ValueError("key={key} blob={blob} path=/root/.aws/credentials env=parent-value-7f3a9c "
+                         + "'" + "line of a file the candidate read " * 3 + "'" + "\\nsecond line" + "x" * 500)
+    """)
+    result = ctx.judge(code, isolation=isolation)
+    assert result.error_category == "exception" and result.error.startswith("compile: exception: ValueError")
+    for leaked in (key, blob, "/root/.aws", "parent-value-7f3a9c", "line of a file", "second line"):
+        assert leaked not in result.error, result.error
+    assert len(result.error) <= 200 and "\n" not in result.error
+
+
+@BOTH_MODES
+def test_memory_cap_kills_a_large_allocation(ctx, isolation):
+    """3.4 GB of host memory in one candidate: refused (data limit) or killed (resident memory
+    watch), either way the verdict names memory_limit."""
+    code = candidate(at_import="""
+        hog = torch.ones(850_000_000)
+    """)
+    result = ctx.judge(code, isolation=isolation)
+    assert not result.correct and result.error_category == "memory_limit", result.error
+
+
+def test_memory_watch_catches_what_the_data_limit_does_not_see(ctx):
+    """Shared anonymous memory is not counted by RLIMIT_DATA (nor is what CUDA's runtime maps):
+    the parent's watch on the tree's resident memory still kills the candidate."""
+    code = candidate(at_import="""
+        import mmap
+        block = mmap.mmap(-1, 600 << 20)
+        for offset in range(0, 600 << 20, 4096):
+            block[offset] = 1
+        import time
+        time.sleep(30)
+    """)
+    result = ctx.judge(code, memory_limit_mb=300, timeout_s=60)
+    assert not result.correct and result.error_category == "memory_limit", result.error
+    assert result.details.get("memory_exceeded")
 
 
 @needs_bwrap
 def test_writes_outside_the_sandbox_fail_under_bwrap(ctx, tmp_path):
     outside = [str(tmp_path / f"escape-{uuid.uuid4().hex}"), str(PROJECT_ROOT / f"escape-{uuid.uuid4().hex}"),
-               os.path.expanduser(f"~/escape-{uuid.uuid4().hex}")]
+               os.path.expanduser(f"~/escape-{uuid.uuid4().hex}"), f"/dev/shm/escape-{uuid.uuid4().hex}",
+               f"/escape-{uuid.uuid4().hex}"]
     code = candidate(at_import=f"""
-        written = []
         for path in {outside!r}:
             try:
                 with open(path, "w") as fh:
                     fh.write("x")
-                written.append(path)
             except OSError:
                 pass
-        for path in written:
-            pass
     """)
     result = ctx.judge(code, isolation="bwrap")
     assert result.correct, result.error
@@ -206,12 +337,23 @@ def test_writes_outside_the_sandbox_fail_under_bwrap(ctx, tmp_path):
         assert not os.path.exists(path), f"sandboxed candidate wrote {path}"
 
 
-def test_process_fallback_does_not_protect_the_filesystem(ctx, tmp_path):
-    """Documented limit: without bubblewrap, files the user can write stay writable."""
-    target = tmp_path / "written-by-candidate"
-    result = ctx.judge(candidate(at_import=f"open({str(target)!r}, 'w').write('x')\n"), isolation="process")
-    assert result.isolation == "process" and result.correct
-    assert target.exists()
+def test_process_isolation_never_writes_into_the_checkout(ctx):
+    """Process isolation has no filesystem protection, but workers import the verifier from a
+    private copy: a candidate rewriting what it imports does not touch the checkout."""
+    name = f"planted_{uuid.uuid4().hex}.py"
+    code = candidate(at_import=f"""
+        import os
+        import extensions
+        package = os.path.dirname(extensions.__file__)
+        try:
+            os.chmod(package, 0o755)
+            open(os.path.join(package, {name!r}), "w").write("x = 1")
+        except OSError:
+            pass
+    """)
+    result = ctx.judge(code, isolation="process")
+    assert result.correct, result.error
+    assert not (PROJECT_ROOT / "extensions" / name).exists()
 
 
 @needs_bwrap
@@ -254,11 +396,12 @@ def test_working_directories_are_removed(monkeypatch, tmp_path):
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    config = VerifierConfig(device="cpu", timeout_s=60, multi_input_num_tests=1)
-    result = verify_code_unscreened(PROBLEM, candidate(at_import="open('left-behind.txt', 'w').write('x')\n"),
-                                    config, device="cpu")
-    assert result.correct, result.error
-    assert os.listdir(tmp_path) == []
+    for isolation in ("bwrap", "process") if bwrap_works() else ("process",):
+        config = VerifierConfig(device="cpu", timeout_s=60, multi_input_num_tests=1, isolation=isolation)
+        result = verify_code_unscreened(PROBLEM, candidate(at_import="open('left-behind.txt', 'w').write('x')\n"),
+                                        config, device="cpu")
+        assert result.correct, result.error
+        assert os.listdir(tmp_path) == []
 
 
 def test_worker_never_receives_expected_outputs(ctx):
@@ -269,33 +412,148 @@ def test_worker_never_receives_expected_outputs(ctx):
         raise RuntimeError("keys=" + ",".join(sorted(job)) + " set_keys=" + ",".join(sorted(job["sets"][0]))
                            + " files=" + ",".join(seen))
     """)
-    result = ctx.judge(code)
-    message = result.error
-    assert "keys=allow_library_gemm,device,init,inputs_file,seed,sets,timing" in message
+    message = ctx.judge(code).error
+    assert "keys=allow_library_gemm,device,init,inputs_file,memory_limit_mb,seed,sets,timing" in message
     assert "set_keys=inputs,name,timing " in message
     assert "expected" not in message.lower()
-    files = message.split("files=")[1].split(",")
+    files = message.split("files=")[1].split(" ")[0].split(",")
     assert all(not f.startswith("expected") for f in files) and "candidate.py" in files
 
 
-def test_prespawned_workers_are_fresh_per_candidate(ctx):
-    """A spare worker waits with torch/Triton imported; each still judges exactly one candidate,
-    so a candidate that patches torch cannot reach the next one."""
+@BOTH_MODES
+def test_fork_server_children_are_fresh_and_private(ctx, isolation):
+    """Candidates forked by the same server: one that patches torch and leaves files in its own
+    directory (and, under bwrap, next to it in the server's writable directory) changes nothing
+    the next one sees. Process isolation promises the same for memory and the own directory."""
     from extensions.verify.judge import WorkerLauncher
 
-    launcher = WorkerLauncher(ctx.config, "cpu", choose_isolation("auto"), ctx.root, total=2, prespawn=True)
-    poisoner = candidate(at_import="torch.verifier_poison = True")
-    checker = candidate(at_import="if getattr(torch, 'verifier_poison', False):\n    raise RuntimeError('poisoned')\n")
+    launcher = WorkerLauncher(ctx.config, "cpu", isolation, ctx.root, total=2, prespawn=False, slots=[None])
+    poisoner = candidate(at_import="""
+        import os
+        torch.verifier_poison = True
+        if os.getcwd().startswith("/sandbox/"):
+            open(os.path.join(os.path.dirname(os.getcwd()), "left-for-the-next.txt"), "w").write("x")
+        open("own.txt", "w").write("x")
+    """)
+    checker = candidate(at_import="""
+        import os
+        if getattr(torch, 'verifier_poison', False):
+            raise RuntimeError('poisoned')
+        here = sorted(os.listdir("."))
+        beside = sorted(os.listdir(os.path.dirname(os.getcwd())))
+        if "own.txt" in here or "left-for-the-next.txt" in beside:
+            raise RuntimeError("files of the previous candidate are visible")
+    """)
     try:
-        first = judge_candidate(poisoner, ctx.prepared, ctx.config, "cpu", ctx.pool,
-                                choose_isolation("auto"), ctx.root, "first", launcher=launcher)
-        spares = [p for procs in launcher._spares.values() for p in procs]
-        assert len(spares) == 1 and spares[0].proc.poll() is None
-        second = judge_candidate(checker, ctx.prepared, ctx.config, "cpu", ctx.pool,
-                                 choose_isolation("auto"), ctx.root, "second", launcher=launcher)
-        assert launcher._spares == {None: []}  # no third worker for two candidates
+        first = judge_candidate(poisoner, ctx.prepared, ctx.config, "cpu", ctx.pool, isolation, ctx.root,
+                                "first", launcher=launcher)
+        second = judge_candidate(checker, ctx.prepared, ctx.config, "cpu", ctx.pool, isolation, ctx.root,
+                                 "second", launcher=launcher)
+        servers = list(launcher._servers)
     finally:
         launcher.close()
     assert first.correct, first.error
-    assert second.correct and second.error is None  # the poison lived only in the first process
-    assert spares[0].proc.poll() is not None  # the spare served the second candidate and is gone
+    assert second.correct and second.error is None, second.error
+    assert len(servers) == 1  # both candidates came from one server's forks
+
+
+def test_fresh_process_per_candidate_still_works(ctx):
+    result = ctx.judge(candidate(), fork_server=False)
+    assert result.correct, result.error
+
+
+@BOTH_MODES
+def test_a_candidate_cannot_tamper_with_siblings(sibling_batch, isolation):
+    """A candidate that rewrites every input, job and candidate file it can find (and reads any
+    output it finds) while honest siblings run: the siblings are never judged on tampered data and
+    never called cheaters; under bwrap they cannot even be reached."""
+    results = sibling_batch(isolation)
+    tamperer, honest = results[0], results[1:]
+    for result in honest:
+        if isolation == "bwrap":
+            assert result.correct, result.error
+        else:  # process isolation: tampering is detected, never mistaken for the sibling's cheating
+            assert result.correct or result.error_category == "sandbox", result.error
+            assert result.flags == [], result.flags
+    assert "stolen=0" in (tamperer.error or "") or isolation == "process"
+
+
+@pytest.fixture
+def sibling_batch(monkeypatch):
+    from types import SimpleNamespace
+
+    from extensions.verify import api
+    from extensions.verify.api import VerifyRequest, verify_batch
+
+    # The tamperer would be stopped by the static check; the sandbox must hold without it.
+    monkeypatch.setattr(api, "_call_static_check",
+                        lambda code, config: SimpleNamespace(ok=True, flags=[], errors=[]))
+
+    tamper = candidate(at_import="""
+        import glob, os, time
+        stolen = 0
+        deadline = time.time() + 8
+        while time.time() < deadline:
+            for pattern in ("/tmp/verify-*/**", "/sandbox/**"):
+                for path in glob.glob(pattern, recursive=True):
+                    if os.path.abspath(path).startswith(os.getcwd()):
+                        continue
+                    name = os.path.basename(path)
+                    try:
+                        if name.startswith("set_") and name.endswith(".safetensors"):
+                            open(path, "rb").read()
+                            stolen += 1
+                        elif name in ("inputs.safetensors", "job.json", "candidate.py") or name.endswith(".safetensors"):
+                            open(path, "wb").write(b"tampered")
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+        raise RuntimeError(f"stolen={stolen}")
+    """)
+
+    def run(isolation: str):
+        config = VerifierConfig(device="cpu", timeout_s=90, multi_input_num_tests=1, workers=2,
+                                isolation=isolation)
+        honest = [candidate(at_import=f"marker_{i} = {i}\n") for i in range(3)]
+        requests = [VerifyRequest(PROBLEM, text, f"c{i}") for i, text in enumerate([tamper] + honest)]
+        return verify_batch(requests, config, device="cpu", progress=False)
+
+    return run
+
+
+def test_redaction_unit():
+    from extensions.verify.redact import category_error, redact_line, safe_name, sanitize_data
+
+    os.environ["VERIFY_UNIT_SECRET"] = "unit-secret-value"
+    try:
+        line = redact_line("boom unit-secret-value /home/u/.ssh/id_rsa ghp_abcdefghijklmnop1234567890\nnext")
+    finally:
+        del os.environ["VERIFY_UNIT_SECRET"]
+    assert line == "boom <env> <path> <redacted>"
+    assert safe_name("aten::add.Tensor") == "aten::add.Tensor" and safe_name("a b\nc") == "?"
+    assert sanitize_data({"speedup": 1.5, "note": "free text here", "flags": ["ok_flag"]}) == {
+        "speedup": 1.5, "note": None, "flags": ["ok_flag"]}
+    assert category_error("tiny", "mismatch", "output: shape (2,) != expected (3,)") == \
+        "tiny: mismatch: output: shape (2,) != expected (3,)"
+    with pytest.raises(ValueError):
+        category_error("tiny", "made_up")
+
+
+@needs_bwrap
+def test_bwrap_works_from_a_virtualenv_under_tmp(tmp_path_factory):
+    """A user's Python in a virtual environment under /tmp (with the system's packages) must still
+    start inside the sandbox: its prefix is bound even though /tmp itself is not."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    problem = tmp_path_factory.mktemp("files") / "problem.py"
+    problem.write_text(PROBLEM)
+    cand = problem.with_name("cand.py")
+    cand.write_text(candidate())
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "extensions.verify", "--problem", str(problem),
+                           "--candidate", str(cand), "--device", "cpu", "--json",
+                           "--set", "verifier.multi_input_num_tests=1", "--set", "verifier.isolation=bwrap"],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["correct"] and line["isolation"] == "bwrap", line

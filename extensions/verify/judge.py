@@ -116,11 +116,18 @@ class ProblemPreparer:
         os.replace(os.path.join(job_dir, "inputs.safetensors"), inputs_file)
         prepared = PreparedProblem(
             True, directory=job_dir, source=data["problem_source"], init=data["init"], sets=data["sets"],
-            inputs=load_tensors(inputs_file), inputs_file=inputs_file,
-            expected=load_tensors(expected_path), skipped=data["skipped"], notes=data["notes"],
+            inputs=_private_copy(load_tensors(inputs_file)), inputs_file=inputs_file,
+            expected=_private_copy(load_tensors(expected_path)), skipped=data["skipped"], notes=data["notes"],
         )
         os.remove(expected_path)  # expected outputs live in the parent's memory only
         return prepared
+
+
+def _private_copy(tensors: dict) -> dict:
+    """Tensors in this process's own memory. safetensors may map the file instead, and a mapped
+    page still follows the file until it is written: a process that rewrote the file would then
+    change the parent's reference copy."""
+    return {name: tensor.clone() for name, tensor in tensors.items()}
 
 
 def _read_status(path: str) -> dict:

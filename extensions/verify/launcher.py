@@ -143,6 +143,10 @@ class WorkerLauncher:
             if left:  # something survived the kill: this server is not reused
                 server.close()
         remove_tree(proc.sandbox_dir)
+        if server is not None:
+            # The whole slot directory was writable: nothing may wait there for the next candidate.
+            for name in os.listdir(server.work_dir):
+                remove_tree(os.path.join(server.work_dir, name))
         if server is not None and server.alive:
             with self._lock:
                 self._idle.setdefault(gpu, []).append(server)

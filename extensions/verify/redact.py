@@ -38,7 +38,8 @@ ERROR_CATEGORIES = (
 )
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[^\s/'\"(),:;]+)+/?")
-_QUOTED = re.compile(r"'[^']{25,}'|\"[^\"]{25,}\"")
+# A long quoted string (often a file's or a variable's content), closed or cut off by a length cap.
+_QUOTED = re.compile(r"'[^']{25,}(?:'|$)|\"[^\"]{25,}(?:\"|$)")
 # A token long enough to be a key: letters and digits mixed, or long runs of base64/hex.
 _TOKEN = re.compile(r"[A-Za-z0-9+/=_\-]{20,}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,63}$")

@@ -253,6 +253,12 @@ def remove_tree(path: str) -> None:
         except OSError:
             pass
 
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
     shutil.rmtree(path, onerror=make_writable)
 
 
