@@ -37,9 +37,11 @@ ERROR_CATEGORIES = (
     "problem",        # the reference could not be built
 )
 
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[^\s/'\"(),:;]+)+/?")
-# A long quoted string (often a file's or a variable's content), closed or cut off by a length cap.
-_QUOTED = re.compile(r"'[^']{25,}(?:'|$)|\"[^\"]{25,}(?:\"|$)")
+# An absolute path: a slash that starts a word ("NaN/Inf" is not a path).
+_PATH = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?(?:/[^\s/'\"(),:;]+)+/?")
+# A long quoted string (often a file's or a variable's content): an opening quote (not an
+# apostrophe inside a word) and 25+ characters, closed, or running to the end of a cut line.
+_QUOTED = re.compile(r"(?<!\w)'[^']{25,}(?:'|$)|(?<!\w)\"[^\"]{25,}(?:\"|$)")
 # A token long enough to be a key: letters and digits mixed, or long runs of base64/hex.
 _TOKEN = re.compile(r"[A-Za-z0-9+/=_\-]{20,}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,63}$")
