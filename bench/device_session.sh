@@ -46,7 +46,7 @@ run_gpu_tests() {
 }
 
 run_verifier() {
-  step verifier_throughput 300 "$PY" bench/verifier_throughput.py --kernelbench "$KERNELBENCH" --device cuda --copies 2
+  step verifier_throughput 540 "$PY" bench/verifier_throughput.py --kernelbench "$KERNELBENCH" --device cuda --copies 2
 }
 
 run_timing() {

@@ -240,6 +240,30 @@ def test_secrets_never_reach_the_candidate_or_the_result(ctx, monkeypatch, isola
     assert secret not in json.dumps(result.to_dict())
 
 
+@BOTH_MODES
+def test_no_ancestor_environment_is_readable(ctx, isolation):
+    """The environment of every process above the candidate (its fork server, the verifier that may
+    hold cloud credentials, anything further up) is unreadable from inside, in both modes."""
+    code = candidate(at_import="""
+        import os
+        readable, pid = [], os.getppid()
+        while pid > 1:
+            try:
+                open(f"/proc/{pid}/environ", "rb").read()
+                readable.append(pid)
+            except OSError:
+                pass
+            try:
+                stat = open(f"/proc/{pid}/stat", "rb").read()
+                pid = int(stat[stat.rfind(b")") + 2:].split()[1])
+            except (OSError, ValueError):
+                break
+        raise RuntimeError(f"readable_ancestors={len(readable)}")
+    """)
+    result = ctx.judge(code, isolation=isolation)
+    assert "readable_ancestors=0 " in result.error, result.error
+
+
 @needs_bwrap
 def test_files_outside_the_sandbox_cannot_be_read_under_bwrap(ctx, tmp_path):
     """Only the Python installation, /usr, the verifier code and the candidate's own directory are

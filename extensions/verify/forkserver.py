@@ -259,6 +259,18 @@ class ForkServer:
         server = self.host_pid()
         return proctree.descendants(server) if server else []
 
+    def settled(self, timeout: float = 2.0) -> bool:
+        """True once nothing but zombies (about to be reaped) is left below the server."""
+        server = self.host_pid()
+        deadline = time.monotonic() + timeout
+        while server is not None:
+            if not proctree.live_descendants(server):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return False
+
     def kill_candidate(self) -> None:
         server = self.host_pid()
         if server is None or not self.alive:
@@ -304,6 +316,7 @@ class ForkedWorker:
         self.timed_out = False
         self.memory_exceeded = False
         self.baseline_kb = 0
+        self.memory_limit_kb = server.memory_limit_kb
         self.started = time.monotonic()
         self._closed = False
 
@@ -320,7 +333,7 @@ class ForkedWorker:
         """The baseline is taken at fork time: what the child shares with the server."""
 
     def check_memory(self) -> bool:
-        limit = self.server.memory_limit_kb
+        limit = self.memory_limit_kb
         if limit <= 0 or self.memory_exceeded:
             return not self.memory_exceeded
         if proctree.resident_kb(self.server.candidate_pids()) - self.baseline_kb > limit:

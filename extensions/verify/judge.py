@@ -8,6 +8,7 @@ set passed, it asks the worker to time the candidate while holding the GPU's lea
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
 from .launcher import INPUTS_DIR, WorkerLauncher, file_sha256
+from .privileges import verifier_undumpable
 from .redact import redact_line, safe_name, sanitize_data
 from .result import STAGES, VerifyResult
 from .reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
@@ -123,6 +125,15 @@ class ProblemPreparer:
         return prepared
 
 
+def _memory_limit_mb(config, prepared: PreparedProblem) -> int:
+    """The candidate's cap: ``memory_limit_mb`` plus twice the problem's own tensors (the worker
+    holds the inputs and copies of its outputs on the host), so a large problem is not refused."""
+    base = int(getattr(config, "memory_limit_mb", 0))
+    if base <= 0:
+        return 0
+    return base + ((2 * (_bytes_of(prepared.inputs) + _bytes_of(prepared.expected))) >> 20)
+
+
 def _private_copy(tensors: dict) -> dict:
     """Tensors in this process's own memory. safetensors may map the file instead, and a mapped
     page still follows the file until it is written: a process that rewrote the file would then
@@ -177,8 +188,9 @@ class _Run:
             "device": device, "seed": config.seed, "init": prepared.init, "inputs_file": inputs_file,
             "sets": [{"name": s["name"], "inputs": s["inputs"], "timing": s["timing"]} for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
-            "memory_limit_mb": int(getattr(config, "memory_limit_mb", 0)),
+            "memory_limit_mb": _memory_limit_mb(config, prepared),
         }
+        proc.memory_limit_kb = job["memory_limit_mb"] * 1024
         job_path = os.path.join(sandbox_dir, "job.json")
         with open(job_path, "w") as fh:
             json.dump(job, fh)
@@ -192,7 +204,7 @@ class _Run:
         if not self.proc.wait_for_file(name, deadline):
             if self.proc.memory_exceeded:
                 fail(self.result, phase, "memory_limit",
-                     f"more than {self.config.memory_limit_mb} MB of host memory; killed")
+                     f"more than {self.proc.memory_limit_kb >> 10} MB of host memory; killed")
                 self.result.details["memory_exceeded"] = True
             elif self.proc.timed_out:
                 fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
@@ -373,6 +385,9 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     run = None
     proc = None
     gate = pool.gate(gpu)
+    # Without bubblewrap a candidate could read this process's environment through /proc.
+    hidden = verifier_undumpable() if isolation == "process" else contextlib.nullcontext()
+    hidden.__enter__()
     try:
         with gate.shared():  # other correctness runs may share this GPU; timing may not
             timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
@@ -391,10 +406,11 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
         if outcome.memory_exceeded and result.error_category != "memory_limit":
             result.stage = min(result.stage, "compile", key=lambda s: STAGES.index(s))
             result.error, result.error_category = None, None
-            fail(result, "full", "memory_limit", f"more than {config.memory_limit_mb} MB of host memory; killed")
+            fail(result, "full", "memory_limit", f"more than {proc.memory_limit_kb >> 10} MB of host memory; killed")
     finally:
         if proc is not None:
             launcher.release(proc, gpu)
+        hidden.__exit__(None, None, None)
         pool.release(gpu)
         if own_launcher:
             launcher.close()

@@ -139,8 +139,7 @@ class WorkerLauncher:
         server = getattr(proc, "server", None)
         if server is not None:
             server.wait_exit(10)
-            left = server.candidate_pids()
-            if left:  # something survived the kill: this server is not reused
+            if not server.settled():  # something survived the kill: this server is not reused
                 server.close()
         remove_tree(proc.sandbox_dir)
         if server is not None:

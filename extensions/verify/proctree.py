@@ -70,6 +70,20 @@ def descendants(root: int, tree: Optional[dict[int, list[int]]] = None) -> list[
     return found
 
 
+def is_zombie(pid: int) -> bool:
+    """Already dead, waiting to be reaped (or gone entirely)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return True
+    return data[data.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+def live_descendants(root: int) -> list[int]:
+    return [pid for pid in descendants(root) if not is_zombie(pid)]
+
+
 def _status_kb(pid: int, keys: Iterable[str]) -> dict[str, int]:
     wanted = set(keys)
     values: dict[str, int] = {}

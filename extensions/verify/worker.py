@@ -206,6 +206,7 @@ def serve(control) -> None:
     import torch
 
     from .audit import RuntimeAudit
+    from .privileges import drop_privileges
     from .proctree import become_subreaper
     from .tensor_io import load_tensors
 
@@ -245,6 +246,7 @@ def serve(control) -> None:
     else:
         tensors = load_tensors(job["inputs_file"])
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
+    drop_privileges()  # no capability left to read other processes of this user (process isolation)
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
     try:
