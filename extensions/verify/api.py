@@ -16,7 +16,6 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional

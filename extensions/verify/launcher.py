@@ -23,7 +23,7 @@ import time
 from typing import Optional
 
 from .forkserver import ForkServer, inside_path
-from .sandbox import (INSIDE_INPUTS_DIR, INSIDE_WORK_DIR, SandboxedProcess, private_code_copy,
+from .sandbox import (INSIDE_INPUTS_DIR, SandboxedProcess, private_code_copy,
                       remove_tree)
 
 INPUTS_DIR = "inputs"

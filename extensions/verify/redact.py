@@ -42,18 +42,19 @@ _PATH = re.compile(r"(?<![\w.])(?:~|[A-Za-z]:)?(?:/[^\s/'\"(),:;]+)+/?")
 # A long quoted string (often a file's or a variable's content): an opening quote (not an
 # apostrophe inside a word) and 25+ characters, closed, or running to the end of a cut line.
 _QUOTED = re.compile(r"(?<!\w)'[^']{25,}(?:'|$)|(?<!\w)\"[^\"]{25,}(?:\"|$)")
-# A token long enough to be a key: letters and digits mixed, or long runs of base64/hex.
+# A token long enough to hold a key (see ``_looks_like_key``).
 _TOKEN = re.compile(r"[A-Za-z0-9+/=_\-]{20,}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,63}$")
 _MIN_SECRET_LEN = 6
 
 
 def _looks_like_key(token: str) -> bool:
-    if len(token) >= 32:
+    """Keys, tokens and encoded blobs: one unbroken run of 32+ characters, or of 16+ mixing letters
+    and digits. Identifiers made of short words (``readable_ancestors=0``) are not."""
+    longest = max(re.split(r"[_\-=.]", token), key=len)
+    if len(longest) >= 32:
         return True
-    has_digit = any(c.isdigit() for c in token)
-    has_alpha = any(c.isalpha() for c in token)
-    return has_digit and has_alpha
+    return len(longest) >= 16 and any(c.isdigit() for c in longest) and any(c.isalpha() for c in longest)
 
 
 def _environment_values() -> list[str]:
