@@ -227,3 +227,24 @@ def test_bwrap_works_from_a_virtualenv_under_tmp(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["correct"] and line["isolation"] == "bwrap", line
+
+
+@pytest.mark.gpu
+def test_cuda_candidates_fork_from_a_server_that_never_touched_cuda():
+    """On a GPU: the hermetic sandbox reaches the GPU (device nodes, driver libraries), children
+    forked from one server each initialise CUDA themselves (the server never did), one server
+    serves several candidates, and the resident-memory watch caps host memory next to CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from extensions.verify.api import VerifyRequest, verify_batch
+
+    config = VerifierConfig(device="cuda", timeout_s=300, multi_input_num_tests=2, workers=1,
+                            enable_calibrated_timing=False)
+    requests = [VerifyRequest(PROBLEM, candidate(at_import=f"marker = {i}\n"), f"c{i}") for i in range(3)]
+    for result in verify_batch(requests, config, device="cuda", progress=False):
+        assert result.correct and result.isolation == "bwrap", result.error
+    hog = verify_code_unscreened(PROBLEM, candidate(at_import="hog = torch.ones(850_000_000)\n"), config,
+                                 device="cuda")
+    assert not hog.correct and hog.error_category == "memory_limit", hog.error
