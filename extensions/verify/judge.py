@@ -20,7 +20,7 @@ from typing import Any, Optional
 from .compare import compare_outputs, inputs_unchanged
 from .launcher import INPUTS_DIR, WorkerLauncher, file_sha256
 from .privileges import verifier_undumpable
-from .redact import redact_line, safe_name, sanitize_data
+from .redact import category_error, redact_line, safe_name, sanitize_data
 from .result import STAGES, VerifyResult
 from .reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
 from .sandbox import SandboxedProcess, isolation_warnings
@@ -59,8 +59,6 @@ def _tail_line(text: str) -> str:
 
 def fail(result: VerifyResult, stage: str, category: str, detail=None) -> None:
     """Record the first failure: ``<stage>: <category>[: <redacted detail>]``."""
-    from .redact import category_error
-
     if result.error is None:
         result.error = category_error(stage, category, detail)
         result.error_category = category
@@ -369,7 +367,8 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     protocol on CPU tensors (meaningless numbers; for testing the protocol without a GPU)."""
     result = VerifyResult(label, stage="static", isolation="none")
     if not prepared.ok:
-        fail(result, "problem", "problem", prepared.error)
+        # The old "problem: <line>" form stays: callers tell problem failures apart by it.
+        result.error, result.error_category = f"problem: {redact_line(prepared.error)}", "problem"
         result.details["problem_error"] = True
         return result
     result.isolation = isolation
