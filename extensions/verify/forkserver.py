@@ -32,10 +32,9 @@ import time
 from typing import Optional
 
 from . import proctree
+from .privileges import set_dumpable
 from .sandbox import (INSIDE_WORK_DIR, BoundedReader, ProcessOutcome, per_candidate_env,
                       start_process)
-
-PR_SET_DUMPABLE = 4
 
 
 # -- the server (inside the sandbox) --------------------------------------------------------------
@@ -103,6 +102,7 @@ class _Server:
         from .worker import serve
 
         os.setsid()
+        proctree.die_with_parent()
         os.chdir(directory)
         os.umask(0o077)
         os.environ.update(per_candidate_env(directory))
@@ -122,7 +122,8 @@ class _Server:
         from .worker import preload
 
         proctree.become_subreaper()  # orphans of a candidate come back here to be reaped
-        proctree._prctl(PR_SET_DUMPABLE, 0)
+        proctree.die_with_parent()  # no server outlives a verifier that crashed (process isolation)
+        set_dumpable(False)  # a child cannot trace this server or open its /proc files
         preload()
         self.emit(event="ready", pid=os.getpid())
         pending = b""

@@ -68,6 +68,12 @@ def drop_privileges() -> bool:
         return False
 
 
+def set_dumpable(dumpable: bool) -> bool:
+    """A process that is not dumpable cannot be traced, nor its /proc files (environ, fd, mem) be
+    opened, by processes of the same user without CAP_SYS_PTRACE."""
+    return _prctl(PR_SET_DUMPABLE, 1 if dumpable else 0) == 0
+
+
 @contextlib.contextmanager
 def verifier_undumpable():
     """This process is not dumpable inside the block (nested and thread-safe)."""

@@ -273,6 +273,9 @@ def private_control_channel():
 
 
 def main() -> None:
+    from .proctree import die_with_parent
+
+    die_with_parent()
     control = private_control_channel()
     # Imports first: the parent may start this process before it has a candidate for it ("go").
     preload()
