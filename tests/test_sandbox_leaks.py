@@ -214,8 +214,14 @@ def test_a_candidate_cannot_tamper_with_siblings(sibling_batch, isolation):
     """A candidate that rewrites every input, job and candidate file it can find (and reads any
     output it finds) while honest siblings run: the siblings are never judged on tampered data and
     never called cheaters; under bwrap they cannot even be reached."""
+    import glob
+    import tempfile
+
+    pattern = os.path.join(tempfile.gettempdir(), "verify-cand-*")  # process isolation's private roots
+    before = set(glob.glob(pattern))
     results = sibling_batch(isolation)
     tamperer, honest = results[0], results[1:]
+    assert set(glob.glob(pattern)) - before == set(), "directories refilled by the tamperer were left behind"
     for result in honest:
         if isolation == "bwrap":
             assert result.correct, result.error

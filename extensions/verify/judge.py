@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
-from .launcher import INPUTS_DIR, WorkerLauncher, file_sha256
+from .launcher import INPUTS_DIR, WorkerLauncher, write_private
 from .privileges import verifier_undumpable
 from .redact import category_error, redact_line, safe_name, sanitize_data
 from .result import STAGES, VerifyResult
@@ -172,8 +172,7 @@ class _Run:
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.result, self.proc = result, proc
         sandbox_dir = proc.sandbox_dir
-        with open(os.path.join(sandbox_dir, "candidate.py"), "w") as fh:
-            fh.write(code)
+        candidate_sha = write_private(os.path.join(sandbox_dir, "candidate.py"), code.encode())
         inputs_file, inputs_sha = launcher.inputs_path(proc, prepared)
         if timing:
             with open(os.path.join(sandbox_dir, "problem.py"), "w") as fh:
@@ -188,13 +187,10 @@ class _Run:
             "memory_limit_mb": _memory_limit_mb(config, prepared),
         }
         proc.memory_limit_kb = job["memory_limit_mb"] * 1024
-        job_path = os.path.join(sandbox_dir, "job.json")
-        with open(job_path, "w") as fh:
-            json.dump(job, fh)
+        job_sha = write_private(os.path.join(sandbox_dir, "job.json"), json.dumps(job).encode())
         # Under process isolation other processes of this user could rewrite these files: the
         # worker checks their hashes, sent on its private channel, before the candidate runs.
-        hashes = (inputs_sha, file_sha256(os.path.join(sandbox_dir, "candidate.py")), file_sha256(job_path))
-        proc.send_line("go " + " ".join(hashes) if inputs_sha else "go")
+        proc.send_line(f"go {inputs_sha} {candidate_sha} {job_sha}" if inputs_sha else "go")
 
     def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
         """The worker's status file ``name``, or None with ``result.error`` saying why not."""

@@ -29,12 +29,12 @@ from .sandbox import (INSIDE_INPUTS_DIR, SandboxedProcess, private_code_copy,
 INPUTS_DIR = "inputs"
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def write_private(path: str, data: bytes) -> str:
+    """Write ``data`` to ``path``; its SHA-256, computed from what was written (not read back, which
+    another process could have changed meanwhile)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 class WorkerLauncher:
@@ -54,6 +54,7 @@ class WorkerLauncher:
         self._idle: dict[Optional[int], list[ForkServer]] = {}
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
+        self._dirs: set[str] = set()
         if self.use_fork_server:
             for gpu in (slots or [])[: max(0, total)]:
                 self._idle.setdefault(gpu, []).append(self._start_server(gpu))
@@ -62,22 +63,33 @@ class WorkerLauncher:
 
     def candidate_dir(self, server: Optional[ForkServer] = None) -> str:
         if self.isolation == "process":
-            return tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
-        parent = server.work_dir if server is not None else self.work_root
-        return tempfile.mkdtemp(prefix="cand-", dir=parent)
+            directory = tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
+        else:
+            parent = server.work_dir if server is not None else self.work_root
+            directory = tempfile.mkdtemp(prefix="cand-", dir=parent)
+        with self._lock:
+            self._dirs.add(directory)
+        return directory
+
+    def _remove_dir(self, directory: str) -> None:
+        """Remove a candidate's directory; one that another live candidate refilled meanwhile (process
+        isolation) stays listed and is removed again when the batch closes."""
+        remove_tree(directory)
+        if not os.path.lexists(directory):
+            with self._lock:
+                self._dirs.discard(directory)
 
     def ro_binds(self) -> Optional[dict[str, str]]:
         return {self.inputs_root: INSIDE_INPUTS_DIR} if self.isolation == "bwrap" else None
 
     def inputs_path(self, proc, prepared) -> tuple[str, Optional[str]]:
         """The path the worker opens for ``prepared``'s inputs, and the hash it must check."""
-        from .tensor_io import save_tensors
+        from safetensors.torch import save
 
         if self.isolation == "bwrap":
             return f"{INSIDE_INPUTS_DIR}/{os.path.basename(prepared.inputs_file)}", None
-        local = proc.path("inputs.safetensors")
-        save_tensors(local, prepared.inputs)  # from the parent's memory, not from a shared file
-        return "inputs.safetensors", file_sha256(local)
+        # From the parent's memory, not from a file another process could have rewritten.
+        return "inputs.safetensors", write_private(proc.path("inputs.safetensors"), save(prepared.inputs))
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -141,7 +153,7 @@ class WorkerLauncher:
             server.wait_exit(10)
             if not server.settled():  # something survived the kill: this server is not reused
                 server.close()
-        remove_tree(proc.sandbox_dir)
+        self._remove_dir(proc.sandbox_dir)
         if server is not None:
             # The whole slot directory was writable: nothing may wait there for the next candidate.
             for name in os.listdir(server.work_dir):
@@ -150,11 +162,10 @@ class WorkerLauncher:
             with self._lock:
                 self._idle.setdefault(gpu, []).append(server)
 
-    @staticmethod
-    def discard(proc: SandboxedProcess) -> None:
+    def discard(self, proc: SandboxedProcess) -> None:
         proc.kill()
         proc.finish(time.monotonic() + 5)
-        remove_tree(proc.sandbox_dir)
+        self._remove_dir(proc.sandbox_dir)
 
     def close(self) -> None:
         with self._lock:
@@ -166,3 +177,8 @@ class WorkerLauncher:
             self.discard(proc)
         for server in servers:
             server.close()
+        # Every candidate is dead now: nothing can refill a directory any more.
+        with self._lock:
+            left = list(self._dirs)
+        for directory in left:
+            self._remove_dir(directory)

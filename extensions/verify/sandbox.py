@@ -247,8 +247,8 @@ def remove_tree(path: str) -> None:
     """``shutil.rmtree`` that also removes read-only copies made by ``private_code_copy``."""
     def make_writable(func, target, _exc):
         try:
-            os.chmod(os.path.dirname(target), 0o755)
-            os.chmod(target, 0o755)
+            os.chmod(os.path.dirname(target), 0o700)
+            os.chmod(target, 0o700)
             func(target)
         except OSError:
             pass

@@ -18,13 +18,14 @@ The runtime audit is installed before the candidate is imported.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
 import re
 import sys
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 CANDIDATE_FILE = "candidate.py"
 _PATHS = re.compile(r"(?:/[\w.\-+@]+)+/")
@@ -68,12 +69,36 @@ def _storages(value: Any) -> set[int]:
             if isinstance(t, torch.Tensor) and t.numel() > 0}
 
 
-def build_candidate(job: dict, tensors: dict, device: str):
+class _VerifiedSource(importlib.machinery.SourceFileLoader):
+    """Loads the candidate from bytes already checked against the parent's hash, so a file swapped
+    on disk after the check is never what runs."""
+
+    def __init__(self, fullname: str, path: str, source: bytes):
+        super().__init__(fullname, path)
+        self.source = source
+
+    def get_data(self, path):
+        return self.source if path == self.path else super().get_data(path)
+
+
+def _load_spec(source: Optional[bytes]):
+    if source is None:
+        return importlib.util.spec_from_file_location("candidate", CANDIDATE_FILE)
+    import linecache
+
+    # Triton reads a kernel's source through linecache (inspect.getsource): give it the same bytes.
+    text = source.decode("utf-8", "replace")
+    linecache.cache[CANDIDATE_FILE] = (len(text), None, text.splitlines(True), CANDIDATE_FILE)
+    loader = _VerifiedSource("candidate", CANDIDATE_FILE, source)
+    return importlib.util.spec_from_file_location("candidate", CANDIDATE_FILE, loader=loader)
+
+
+def build_candidate(job: dict, tensors: dict, device: str, source: Optional[bytes] = None):
     import torch
 
     from .tensor_io import unpack
 
-    spec = importlib.util.spec_from_file_location("candidate", CANDIDATE_FILE)
+    spec = _load_spec(source)
     module = importlib.util.module_from_spec(spec)
     sys.modules["candidate"] = module
     spec.loader.exec_module(module)
@@ -227,6 +252,7 @@ def serve(control) -> None:
     device = "cuda" if job["device"] != "cpu" else "cpu"
     if device == "cpu":
         torch.set_num_threads(1)
+    candidate_source = None  # under bwrap no other process can reach the file
     if expected_hashes:
         from safetensors.torch import load as load_tensor_bytes
 
@@ -239,10 +265,11 @@ def serve(control) -> None:
         tensors = load_tensor_bytes(input_bytes)
         del input_bytes
         with open(CANDIDATE_FILE, "rb") as fh:
-            if len(expected_hashes) > 2 and hashlib.sha256(fh.read()).hexdigest() != expected_hashes[1]:
-                _write_json("compile.json", {"ok": False, "sandbox_error": True,
-                                             "error": "the candidate file was altered by another process"})
-                return
+            candidate_source = fh.read()
+        if len(expected_hashes) > 2 and hashlib.sha256(candidate_source).hexdigest() != expected_hashes[1]:
+            _write_json("compile.json", {"ok": False, "sandbox_error": True,
+                                         "error": "the candidate file was altered by another process"})
+            return
     else:
         tensors = load_tensors(job["inputs_file"])
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
@@ -250,7 +277,7 @@ def serve(control) -> None:
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
     try:
-        model, flags = build_candidate(job, tensors, device)
+        model, flags = build_candidate(job, tensors, device, candidate_source)
     except BaseException as exc:  # noqa: BLE001 - import errors, SystemExit, anything
         _write_json("compile.json", {"ok": False, "error": short_error(exc)})
         return
