@@ -248,3 +248,76 @@ def test_cuda_candidates_fork_from_a_server_that_never_touched_cuda():
     hog = verify_code_unscreened(PROBLEM, candidate(at_import="hog = torch.ones(850_000_000)\n"), config,
                                  device="cuda")
     assert not hog.correct and hog.error_category == "memory_limit", hog.error
+
+
+def _worker_in(directory, code: str):
+    """A worker (plain subprocess) in ``directory`` with its job, init inputs and candidate written
+    as the judge writes them; returns the process and the three hashes ``go`` carries."""
+    from extensions.verify.launcher import write_private
+    from extensions.verify.tensor_io import pack, tensor_bytes
+
+    init_tensors: dict = {}
+    inits = [pack([2.5], "init0", init_tensors)]
+    job = {"device": "cpu", "seed": 0, "inits": inits, "init_file": "init.safetensors",
+           "sets": [{"name": "tiny", "timing": False, "init": 0, "repeat": False, "shuffle_programs": False}],
+           "allow_library_gemm": False, "timing": None, "memory_limit_mb": 0}
+    hashes = [write_private(str(directory / "job.json"), json.dumps(job).encode()),
+              write_private(str(directory / "init.safetensors"), tensor_bytes(init_tensors)),
+              write_private(str(directory / "candidate.py"), code.encode())]
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(PROJECT_ROOT), "TRITON_INTERPRET": "1",
+           "HOME": str(directory)}
+    proc = subprocess.Popen([sys.executable, "-m", "extensions.verify.worker"], cwd=directory, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return proc, hashes
+
+
+def _status(path, proc, seconds: float = 120.0) -> dict:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None or path.exists(), proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, f"no {path.name}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_a_file_altered_after_it_was_hashed_is_refused_before_use(tmp_path):
+    """Another process rewrites the candidate after the parent hashed it, then a set's inputs after
+    they were handed over: the worker refuses each as a sandbox failure, imports no altered code and
+    runs nothing on altered inputs."""
+    import torch
+
+    from extensions.verify.launcher import write_private
+    from extensions.verify.tensor_io import pack, tensor_bytes
+
+    altered_dir = tmp_path / "altered"
+    altered_dir.mkdir()
+    proc, hashes = _worker_in(altered_dir, candidate())
+    (altered_dir / "candidate.py").write_text(candidate(at_import="open('imported.txt', 'w').write('x')"))
+    proc.stdin.write("go " + " ".join(hashes) + "\n")
+    proc.stdin.flush()
+    status = _status(altered_dir / "compile.json", proc)
+    proc.stdin.close()
+    proc.wait(60)
+    assert status["sandbox_error"] and not status["ok"] and "candidate.py" in status["error"]
+    assert not (altered_dir / "imported.txt").exists()
+
+    intact_dir = tmp_path / "intact"
+    intact_dir.mkdir()
+    proc, hashes = _worker_in(intact_dir, candidate())
+    proc.stdin.write("go " + " ".join(hashes) + "\n")
+    proc.stdin.flush()
+    assert _status(intact_dir / "compile.json", proc)["ok"]
+    assert not (intact_dir / "job.json").exists() and not (intact_dir / "init.safetensors").exists()
+    tensors: dict = {}
+    values = [pack([torch.randn(4, 40)], "in0", tensors)]
+    tensors_sha = write_private(str(intact_dir / "set_0.in.safetensors"), tensor_bytes(tensors))
+    json_sha = write_private(str(intact_dir / "set_0.in.json"), json.dumps({"values": values}).encode())
+    tensors[next(iter(tensors))] = torch.zeros(4, 40)  # rewritten after it was hashed
+    (intact_dir / "set_0.in.safetensors").write_bytes(tensor_bytes(tensors))
+    proc.stdin.write(f"run {tensors_sha} {json_sha}\n")
+    proc.stdin.flush()
+    status = _status(intact_dir / "set_0.json", proc)
+    proc.stdin.close()
+    proc.wait(60)
+    assert status["sandbox_error"] and not status["ok"] and "set_0.in.safetensors" in status["error"]
+    assert not (intact_dir / "set_0.safetensors").exists()

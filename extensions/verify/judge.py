@@ -100,9 +100,12 @@ def _exception_category(message) -> str:
 
 def _status_failure(result: VerifyResult, label: str, status: dict) -> None:
     """A worker's failed status: a file the parent wrote was altered (the sandbox failed, never
-    the candidate's doing), or the candidate's exception."""
+    the candidate's doing), the audit's verdict (its flags are already in ``result``), or the
+    candidate's exception."""
     if status.get("sandbox_error"):
         fail(result, label, "sandbox", status.get("error"))
+    elif is_cheating(result.flags):
+        fail(result, label, "audit", status.get("error"))
     else:
         fail(result, label, _exception_category(status.get("error")), status.get("error"))
 
