@@ -9,9 +9,9 @@ if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing bubblewrap (OS sandbox for candidate kernels) with apt-get"
     (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
-      || echo "[setup] bubblewrap not installed; the verifier falls back to process isolation and says so"
+      || echo "[setup] bubblewrap not installed; the verifier refuses to run (isolation auto/bwrap) until it is, or until verifier.isolation: process is set explicitly"
   else
-    echo "[setup] bubblewrap missing and not root: the verifier will use process isolation (install 'bubblewrap' for an OS sandbox)"
+    echo "[setup] bubblewrap missing and not root: the verifier refuses to run until 'bubblewrap' is installed, or verifier.isolation: process is set explicitly (no OS sandbox)"
   fi
 fi
 

@@ -9,7 +9,11 @@ wrong kernels, correct kernels and duplicates of them (as raw markdown responses
     python bench/verifier_throughput.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl
     python bench/verifier_throughput.py --kernelbench PATH --device cpu --copies 1 --set verifier.multi_input_num_tests=2
 
-Prints one markdown table. Both sides judge the same problem sizes (the verifier's
+Prints one markdown table with the same batch judged three ways: the verifier with its fork servers
+(the default: one sandboxed server per worker slot imports torch and Triton once and forks a fresh
+child per candidate), the verifier with a fresh sandboxed process per candidate
+(``verifier.fork_server: false``, the older path), and the KernelBench-style baseline; the last
+column is each rate over the baseline's. All sides judge the same problem sizes (the verifier's
 ``cpu_max_input_numel`` / ``cuda_max_input_numel`` shrink, applied to the baseline's problems too).
 """
 from __future__ import annotations
@@ -198,10 +202,12 @@ def build_batch(problems: dict[int, str], copies: int) -> list[tuple[str, str, s
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ["mode", "device", "candidates", "processes", "wall s", "candidates/min", "correct"]
+    head = ["mode", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct"]
+    if any("vs fresh process" in row for row in rows):
+        head.append("vs fresh process")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        lines.append("| " + " | ".join(str(row[h]) for h in head) + " |")
+        lines.append("| " + " | ".join(str(row.get(h, "-")) for h in head) + " |")
     return "\n".join(lines)
 
 
@@ -216,6 +222,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2, help="repeat the mixed batch (more duplicates)")
     parser.add_argument("--workers", type=int, default=0, help="parallel workers for both sides (0: default)")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--skip-fresh-workers", action="store_true",
+                        help="do not time the verifier's older path (a fresh sandboxed process per candidate)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     add_config_args(parser)
     args = parser.parse_args()
@@ -239,29 +247,38 @@ def main() -> None:
     batch = build_batch(problems, args.copies)
     workers = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
 
-    started = time.monotonic()
-    results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config, device=args.device,
-                           progress=True)
-    verifier_s = time.monotonic() - started
-    summary = summarize_results(results)
-    rows = [{
-        "mode": "verify_batch (screen + dedupe + sandboxed workers)", "device": args.device,
-        "candidates": len(batch), "processes": len(problems) + summary["per_stage_reached"]["static"] - summary["cached"],
-        "wall s": f"{verifier_s:.1f}", "candidates/min": f"{60 * len(batch) / verifier_s:.1f}",
-        "correct": summary["correct"],
-    }]
+    rows = []
+    modes = [("verify_batch, fork server per slot (one fork per candidate)", True)]
+    if not args.skip_fresh_workers:
+        modes.append(("verify_batch, fresh sandboxed process per candidate", False))
+    for mode, fork_server in modes:
+        config.fork_server = fork_server
+        started = time.monotonic()
+        results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
+                               device=args.device, progress=True)
+        wall = time.monotonic() - started
+        summary = summarize_results(results)
+        rows.append({
+            "mode": mode, "device": args.device, "candidates": len(batch),
+            "processes": summary["per_stage_reached"]["static"] - summary["cached"],
+            "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
+            "correct": summary["correct"], "isolation": results[-1].isolation if results else "-",
+        })
     if not args.skip_baseline:
         started = time.monotonic()
         verdicts = run_baseline(batch, args.device, workers, config.timeout_s)
         baseline_s = time.monotonic() - started
         rows.append({
-            "mode": "fresh process per candidate (KernelBench-style)", "device": args.device,
+            "mode": "fresh process per candidate (KernelBench-style, no sandbox)", "device": args.device,
             "candidates": len(batch), "processes": len(batch), "wall s": f"{baseline_s:.1f}",
             "candidates/min": f"{60 * len(batch) / baseline_s:.1f}",
-            "correct": sum(1 for v in verdicts if v.get("correct")),
+            "correct": sum(1 for v in verdicts if v.get("correct")), "isolation": "none",
         })
+        base_rate = float(rows[-1]["candidates/min"])
+        for row in rows:
+            row["vs fresh process"] = f"{float(row['candidates/min']) / base_rate:.2f}x"
     print(markdown_table(rows))
-    print(f"\nrejected early by the verifier: {json.dumps(summary['rejected_at'])}")
+    print(f"\nrejected early by the verifier (last verifier run): {json.dumps(summary['rejected_at'])}")
 
 
 if __name__ == "__main__":

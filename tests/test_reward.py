@@ -70,3 +70,42 @@ def test_summary_counts_where_candidates_were_rejected():
     assert summary["per_stage_reached"] == {"none": 8, "extract": 7, "static": 6, "compile": 5, "tiny": 4,
                                             "full": 4, "timing": 1}
     assert summary["flags"] == {"memoized_output": 1, "torch_compute": 2}
+
+
+def _flags_raised_in(path) -> set[str]:
+    """String literals appended to (or listed into) a ``flags`` list in a source file, and the
+    values of its ``FLAG_*`` constants."""
+    import ast
+
+    raised = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.startswith("FLAG_") and isinstance(node.value, ast.Constant)):
+            raised.add(node.value.value)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append"
+                and "flags" in ast.unparse(node.func.value) and node.args
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            raised.add(node.args[0].value)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_add_flags") and len(node.args) > 1:
+            listed = node.args[1]
+            if isinstance(listed, ast.List):
+                raised |= {e.value for e in listed.elts if isinstance(e, ast.Constant)}
+    return raised
+
+
+def test_every_flag_the_verifier_raises_reaches_the_verdict_by_name():
+    """A worker's flags pass into a verdict only by known name (anything else is reported as
+    ``unrecognised_flag``): every flag the audit, the worker, the judge or the timer raises must be
+    known, or a caught cheat would lose its name."""
+    from pathlib import Path
+
+    from extensions.verify.judge import _add_flags
+
+    root = Path(__file__).resolve().parents[1] / "extensions"
+    sources = [root / "verify" / name for name in ("audit.py", "worker.py", "judge.py")]
+    sources += sorted((root / "timing").glob("*.py"))
+    raised = set().union(*(_flags_raised_in(path) for path in sources))
+    assert {"host_compute", "decoy_kernel", "audit_tampered", "reduced_size", "timer_patched"} <= raised
+    result = VerifyResult("c")
+    _add_flags(result, sorted(raised))
+    assert "unrecognised_flag" not in result.flags and set(result.flags) == raised

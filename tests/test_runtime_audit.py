@@ -121,10 +121,16 @@ def test_inputs_differ_between_batches(problems, config):
     assert len(draws) == 4 and all(0 <= seed < 2 ** 62 for seed in draws)
 
 
-def test_docstring_twins_are_judged_separately(problems, config):
+def test_docstring_twins_are_judged_separately(problems, config, monkeypatch):
     """The twin reads its own docstring; with a key that ignored docstrings it would inherit the
-    honest sibling's verdict (or the sibling its rejection)."""
-    twin = _fixture("wrong/rt_docstring_twin.py").text
+    honest sibling's verdict (or the sibling its rejection). The static check refuses reading a
+    docstring (``type``, ``__doc__``): the de-duplication key must hold without it."""
+    from types import SimpleNamespace
+
+    from extensions.verify import api
+
+    monkeypatch.setattr(api, "_call_static_check", lambda code, cfg: SimpleNamespace(ok=True, flags=[], errors=[]))
+    twin = _fixture("cheats/rt_docstring_twin.py").text
     honest = twin.replace('    """half"""\n\n', "")
     assert honest != twin
     problem = problems[(1, 19)]["code"]

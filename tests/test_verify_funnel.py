@@ -192,7 +192,7 @@ def test_unparsable_candidates_stop_before_any_process(results):
 def test_import_error_is_a_compile_failure_with_the_candidate_line(results):
     r = results["import_error"]
     assert r.stage == "static" and r.reward == 0.0
-    assert r.error.startswith("compile: ImportError: cannot import name 'no_such_builtin_xyz'"), r.error
+    assert r.error.startswith("compile: exception: ImportError: cannot import name 'no_such_builtin_xyz'"), r.error
     code_lines = CASES["import_error"][1].lstrip("\n").splitlines()
     line = next(i for i, text in enumerate(code_lines, 1) if "no_such_builtin_xyz" in text)
     assert r.error.endswith(f"(candidate line {line})") and "\n" not in r.error and "/work" not in r.error

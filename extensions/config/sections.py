@@ -168,10 +168,17 @@ class VerifierConfig:
     timeout_s: float = 120.0
     workers: int = 0  # 0: one per CPU core (CPU) or two per GPU (CUDA; timing is still one at a time)
     max_output_bytes: int = 65536
+    # auto = bwrap, failing loudly where bubblewrap cannot start; process only when named here.
     isolation: Literal["auto", "bwrap", "process"] = "auto"
-    # Start each slot's next worker (imports done, no candidate yet) while the current one runs;
-    # used on GPUs and where CPU cores are left over. Every worker still judges one candidate only.
+    # One sandboxed server per worker slot imports torch/Triton once and forks a fresh child per
+    # candidate (before any CUDA initialisation). False: a fresh sandboxed process per candidate.
+    fork_server: bool = True
+    # Without the fork server: start each slot's next worker (imports done, no candidate yet) while
+    # the current one runs; on GPUs and where CPU cores are left over. One candidate per worker.
     prespawn_workers: bool = True
+    # Host memory a candidate's processes may take beyond the worker's own (interpreter, torch,
+    # Triton); above it the tree is killed (memory_limit). 0: no cap.
+    memory_limit_mb: int = 3072
     # multi-input correctness
     enable_multi_input: bool = True
     multi_input_num_tests: int = 5

@@ -16,7 +16,6 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from typing import Any, Optional, Sequence
 
 from .result import STAGES, VerifyResult
 from .reward import compute_reward, is_cheating
+from .sandbox import remove_tree
 
 
 @dataclass
@@ -57,6 +57,15 @@ def resolve_device(device: Optional[str], config) -> str:
     if device not in ("cpu", "cuda"):
         raise VerifierError(f"unknown device {device!r}; use cpu, cuda or auto")
     return device
+
+
+def _isolation(requested: str, device: str) -> str:
+    from .sandbox import SandboxUnavailable, choose_isolation
+
+    try:
+        return choose_isolation(requested, device)
+    except SandboxUnavailable as exc:
+        raise VerifierError(str(exc)) from None
 
 
 def _sha(text: str) -> str:
@@ -142,6 +151,7 @@ class _DevicePool:
             slots = workers if workers > 0 else max(1, os.cpu_count() or 1)
             self._free = [None] * slots
         self.size = len(self._free)
+        self.slots = list(self._free)
         self._cond = threading.Condition()
         self.gates = {index: _GpuGate() for index in set(self._free) if index is not None}
 
@@ -208,11 +218,10 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                  progress: bool = True) -> list[VerifyResult]:
     """Judge every request; results in the same order. See the module docstring."""
     from .judge import ProblemPreparer, WorkerLauncher, judge_candidate
-    from .sandbox import choose_isolation
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
-    isolation = choose_isolation(config.isolation, device)
+    isolation = _isolation(config.isolation, device)
     requests = list(requests)
     screened = [screen(i, r, config) for i, r in enumerate(requests)]
     first_of: dict[tuple[str, str], int] = {}
@@ -234,7 +243,8 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
         preparer = ProblemPreparer(config, device, work_root, pool)
         # Starting the next worker early only pays where cores are left over (and on GPUs).
         prespawn = config.prespawn_workers and (device == "cuda" or (os.cpu_count() or 1) > 2 * pool.size)
-        launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn)
+        # Fork servers start now, so their imports overlap the reference data's preparation.
+        launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn, slots=pool.slots)
         with ThreadPoolExecutor(max_workers=pool.size) as executor:
             prepared = dict(zip(problems, executor.map(preparer.prepare, problems.values())))
 
@@ -243,8 +253,11 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                     result = judge_candidate(item.code, prepared[item.key[0]], config, device, pool,
                                              isolation, work_root, item.label, launcher=launcher)
                 except Exception as exc:  # noqa: BLE001 - one candidate never ends the batch
-                    result = VerifyResult(item.label, stage="static", error=f"verifier error: "
-                                          f"{type(exc).__name__}: {str(exc)[:200]}", isolation=isolation)
+                    from .redact import category_error
+
+                    result = VerifyResult(item.label, stage="static", isolation=isolation,
+                                          error=category_error("compile", "sandbox", f"{type(exc).__name__}: {exc}"),
+                                          error_category="sandbox")
                 _merge_screen(result, item, config)
                 if bar is not None:
                     bar.update(1)
@@ -258,7 +271,7 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
     finally:
         if bar is not None:
             bar.close()
-        shutil.rmtree(work_root, ignore_errors=True)
+        remove_tree(work_root)
 
     results: list[VerifyResult] = []
     for item in screened:
@@ -329,17 +342,16 @@ def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: 
     must still be caught at run time) and for re-judging code that already passed the screen.
     """
     from .judge import ProblemPreparer, judge_candidate
-    from .sandbox import choose_isolation
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
-    isolation = choose_isolation(isolation or config.isolation, device)
+    isolation = _isolation(isolation or config.isolation, device)
     pool = _DevicePool(device, 1)
     work_root = tempfile.mkdtemp(prefix="verify-")
     try:
         prepared = ProblemPreparer(config, device, work_root, pool).prepare(problem_code)
         result = judge_candidate(code, prepared, config, device, pool, isolation, work_root, label)
     finally:
-        shutil.rmtree(work_root, ignore_errors=True)
+        remove_tree(work_root)
     result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
     return result

@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 JSON_KEYS = ("candidate", "correct", "stage", "reward", "error", "flags", "speedup", "isolation",
-             "allowed_library_calls", "cached")
+             "allowed_library_calls", "cached", "error_category", "warnings")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"verify: {exc}", file=sys.stderr)
         return 2
     results = [unreadable[i] if i in unreadable else next(judged) for i in range(len(args.candidate))]
+    for warning in sorted({w for r in results for w in r.warnings}):
+        print(f"verify: WARNING: {warning}", file=sys.stderr)
     if args.json:
         for result in results:
             data = result.to_dict()

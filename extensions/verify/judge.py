@@ -12,24 +12,31 @@ time the candidate while holding the GPU's lease.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
-from .result import VerifyResult
-from .reward import CHEATING_FLAGS, compute_reward, is_cheating
-from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, load_tensors, pack, save_tensors, unpack
+from .launcher import WorkerLauncher, write_private
+from .privileges import verifier_undumpable
+from .redact import category_error, redact_line, safe_name, sanitize_data
+from .result import STAGES, VerifyResult
+from .reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
+from .sandbox import SandboxedProcess, isolation_warnings
+from .tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, unpack
 
 _MAX_STATUS_BYTES = 1 << 20
+__all__ = ["ProblemPreparer", "PreparedProblem", "WorkerLauncher", "judge_candidate"]
+# Words in a worker's error that mean an allocation was refused by the memory cap.
+_MEMORY_ERRORS = ("MemoryError", "not enough memory", "can't allocate memory", "Cannot allocate memory",
+                  "std::bad_alloc")
 # The wide set (above the CPU cap) runs only if, at this many times the base set's time per
 # element, it fits the time left; otherwise the verdict says it was reached at reduced size.
 WIDE_SET_TIME_SAFETY = 2.0
@@ -72,9 +79,35 @@ _PROFILER_LOG_PREFIXES = ("USDT:", "STAGE:")
 
 
 def _tail_line(text: str) -> str:
+    """The last non-empty line of a worker's stderr that is not the profiler's own log, redacted
+    (the candidate wrote it)."""
     lines = [line.strip() for line in text.strip().splitlines()
              if line.strip() and not line.startswith(_PROFILER_LOG_PREFIXES)]
-    return lines[-1][:200] if lines else ""
+    return redact_line(lines[-1]) if lines else ""
+
+
+def fail(result: VerifyResult, stage: str, category: str, detail=None) -> None:
+    """Record the first failure: ``<stage>: <category>[: <redacted detail>]``."""
+    if result.error is None:
+        result.error = category_error(stage, category, detail)
+        result.error_category = category
+
+
+def _exception_category(message) -> str:
+    text = str(message)
+    return "memory_limit" if any(word in text for word in _MEMORY_ERRORS) else "exception"
+
+
+def _status_failure(result: VerifyResult, label: str, status: dict) -> None:
+    """A worker's failed status: a file the parent wrote was altered (the sandbox failed, never
+    the candidate's doing), the audit's verdict (its flags are already in ``result``), or the
+    candidate's exception."""
+    if status.get("sandbox_error"):
+        fail(result, label, "sandbox", status.get("error"))
+    elif is_cheating(result.flags):
+        fail(result, label, "audit", status.get("error"))
+    else:
+        fail(result, label, _exception_category(status.get("error")), status.get("error"))
 
 
 class ProblemPreparer:
@@ -121,13 +154,29 @@ class ProblemPreparer:
         prepared = PreparedProblem(
             True, directory=job_dir, source=data["problem_source"], init=data["init"],
             inits=data.get("inits") or [data["init"]], sets=data["sets"],
-            inputs=load_tensors(os.path.join(job_dir, "inputs.safetensors")),
-            expected=load_tensors(os.path.join(job_dir, "expected.safetensors")),
+            inputs=_private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors"))),
+            expected=_private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors"))),
             skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")),
         )
         # Inputs and expected outputs live in the parent's memory only.
         shutil.rmtree(job_dir, ignore_errors=True)
         return prepared
+
+
+def _memory_limit_mb(config, prepared: PreparedProblem) -> int:
+    """The candidate's cap: ``memory_limit_mb`` plus twice the problem's own tensors (the worker
+    holds the inputs and copies of its outputs on the host), so a large problem is not refused."""
+    base = int(getattr(config, "memory_limit_mb", 0))
+    if base <= 0:
+        return 0
+    return base + ((2 * (_bytes_of(prepared.inputs) + _bytes_of(prepared.expected))) >> 20)
+
+
+def _private_copy(tensors: dict) -> dict:
+    """Tensors in this process's own memory. safetensors may map the file instead, and a mapped
+    page still follows the file until it is written: a process that rewrote the file would then
+    change the parent's reference copy."""
+    return {name: tensor.clone() for name, tensor in tensors.items()}
 
 
 def _read_status(path: str) -> dict:
@@ -144,9 +193,15 @@ def _bytes_of(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+_KNOWN_FLAGS = CHEATING_FLAGS | ADVISORY_FLAGS
+
+
 def _add_flags(result: VerifyResult, flags) -> None:
-    for flag in flags or []:
-        if isinstance(flag, str) and flag not in result.flags:
+    """Flags from a worker's status: only names the verifier knows pass (a status file is written
+    in the candidate's process, so an unknown string could carry anything out)."""
+    for flag in flags if isinstance(flags, list) else []:
+        flag = flag if isinstance(flag, str) and flag in _KNOWN_FLAGS else "unrecognised_flag"
+        if flag not in result.flags:
             result.flags.append(flag)
 
 
@@ -159,27 +214,29 @@ class _Run:
         self.result, self.proc = result, proc
         self.base_seconds_per_element: Optional[float] = None
         sandbox_dir = proc.sandbox_dir
-        with open(os.path.join(sandbox_dir, "candidate.py"), "w") as fh:
-            fh.write(code)
+        # Under process isolation other processes of this user could rewrite what is written here:
+        # every file is hashed from the bytes written, the hashes go on the worker's private control
+        # channel, and the worker uses only bytes it checked against them.
+        candidate_sha = write_private(os.path.join(sandbox_dir, "candidate.py"), code.encode())
         if timing:
-            with open(os.path.join(sandbox_dir, "problem.py"), "w") as fh:
-                fh.write(prepared.source)
-            timing = {"problem_file": "problem.py", "config": _plain_config(config)}
+            problem_sha = write_private(os.path.join(sandbox_dir, "problem.py"), prepared.source.encode())
+            timing = {"problem_file": "problem.py", "problem_sha256": problem_sha, "config": _plain_config(config)}
         else:
             timing = None
         init_tensors: dict[str, Any] = {}
         inits = [pack(unpack(spec, prepared.inputs), f"init{i}", init_tensors)
                  for i, spec in enumerate(prepared.inits)]
-        save_tensors(os.path.join(sandbox_dir, "init.safetensors"), init_tensors)
+        init_sha = write_private(os.path.join(sandbox_dir, "init.safetensors"), tensor_bytes(init_tensors))
         job = {
             "device": device, "seed": config.seed, "inits": inits, "init_file": "init.safetensors",
             "sets": [self._set_job(s) for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
+            "memory_limit_mb": _memory_limit_mb(config, prepared),
         }
-        with open(os.path.join(sandbox_dir, "job.json.tmp"), "w") as fh:
-            json.dump(job, fh)
+        proc.memory_limit_kb = job["memory_limit_mb"] * 1024
+        job_sha = write_private(os.path.join(sandbox_dir, "job.json.tmp"), json.dumps(job).encode())
         os.replace(os.path.join(sandbox_dir, "job.json.tmp"), os.path.join(sandbox_dir, "job.json"))
-        proc.send_line("go")
+        proc.send_line(f"go {job_sha} {init_sha} {candidate_sha}")
 
     def _set_job(self, set_info: dict) -> dict:
         """What the worker learns of a set before its run: no values. On CUDA the base set runs
@@ -193,35 +250,39 @@ class _Run:
             "shuffle_programs": self.device == "cpu" and kind not in ("tiny", "base"),
         }
 
-    def hand_over_inputs(self, stem: str, values_specs: list, **fields) -> None:
+    def hand_over_inputs(self, stem: str, values_specs: list, **fields) -> str:
         """Write the values of ``values_specs`` into the sandbox as ``stem``.safetensors plus
-        ``stem``.json (their structure and ``fields``; written last, atomically)."""
+        ``stem``.json (their structure and ``fields``; written last, atomically). Returns the
+        hashes of both ("<tensors> <json>"), for the command that announces them."""
         tensors: dict[str, Any] = {}
         packed = [pack(unpack(spec, self.prepared.inputs), f"in{i}", tensors)
                   for i, spec in enumerate(values_specs)]
-        save_tensors(self.proc.path(stem + ".safetensors"), tensors)
+        tensors_sha = write_private(self.proc.path(stem + ".safetensors"), tensor_bytes(tensors))
         tmp = self.proc.path(stem + ".json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"values": packed, **fields}, fh)
+        json_sha = write_private(tmp, json.dumps({"values": packed, **fields}).encode())
         os.replace(tmp, self.proc.path(stem + ".json"))
+        return f"{tensors_sha} {json_sha}"
 
     def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
         """The worker's status file ``name``, or None with ``result.error`` saying why not."""
         if not self.proc.wait_for_file(name, deadline):
-            if self.proc.timed_out:
-                self.result.error = f"{phase}: timeout after {self.config.timeout_s:g}s"
+            if self.proc.memory_exceeded:
+                fail(self.result, phase, "memory_limit",
+                     f"more than {self.proc.memory_limit_kb >> 10} MB of host memory; killed")
+                self.result.details["memory_exceeded"] = True
+            elif self.proc.timed_out:
+                fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
                 self.result.details["timed_out"] = True
             else:
-                code = self.proc.proc.poll()
+                code = self.proc.poll()
                 outcome = self.proc.finish(time.monotonic() + 5)
                 last = _tail_line(outcome.stderr)
-                self.result.error = f"{phase}: candidate process exited with status {code}" + (
-                    f" ({last})" if last else "")
+                fail(self.result, phase, "crashed", f"exit status {code}" + (f" ({last})" if last else ""))
             return None
         try:
             return _read_status(self.proc.path(name))
         except (OSError, ValueError) as exc:
-            self.result.error = f"{phase}: unreadable worker status ({str(exc)[:80]})"
+            fail(self.result, phase, "bad_output", f"unreadable worker status ({type(exc).__name__})")
             return None
 
     def judge_sets(self, deadline: float) -> bool:
@@ -235,9 +296,9 @@ class _Run:
                 self._note_reduced_size(f"skipped {set_info['name']}: not enough time left")
                 self.proc.send_line("skip")
                 continue
-            self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
+            hashes = self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
             started = time.monotonic()
-            self.proc.send_line("run")
+            self.proc.send_line(f"run {hashes}")
             status = self.wait(f"set_{index}.json", deadline, phase)
             if status is None:
                 return False
@@ -246,7 +307,7 @@ class _Run:
             ok = self._check_set(index, set_info, status, phase)
             if not ok:
                 all_ok = False
-                if staged or is_cheating(result.flags) or result.error and "timeout" in result.error:
+                if staged or is_cheating(result.flags) or result.error_category in ("timeout", "memory_limit"):
                     return False
             elif phase == "tiny" and all_ok:
                 result.stage = "tiny"
@@ -277,15 +338,17 @@ class _Run:
     def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
         result, cfg = self.result, self.config
         _add_flags(result, status.get("flags"))
-        for call in status.get("library_calls") or []:
-            if isinstance(call, str) and call not in result.allowed_library_calls:
+        calls = status.get("library_calls")
+        for call in calls if isinstance(calls, list) else []:
+            call = safe_name(call)
+            if call not in result.allowed_library_calls:
                 result.allowed_library_calls.append(call)
         label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
         if not status.get("ok"):
-            result.error = result.error or f"{label}: {str(status.get('error'))[:240]}"
+            _status_failure(result, label, status)
             return False
         if is_cheating(result.flags):
-            result.error = result.error or f"{label}: runtime audit: {_audit_summary(result.flags, status)}"
+            fail(result, label, "audit", _audit_summary(result.flags, status))
             return False
         expected_tensors_bytes = _bytes_of(self.prepared.expected) + _bytes_of(self.prepared.inputs)
         try:
@@ -294,63 +357,67 @@ class _Run:
             output = unpack(status["output"], tensors)
             inputs_after = unpack(status["inputs_after"], tensors)
         except (TensorIOError, KeyError, OSError) as exc:
-            result.error = result.error or f"{label}: unreadable output ({str(exc)[:120]})"
+            fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
             return False
         inputs_before = unpack(set_info["inputs"], self.prepared.inputs)
         if not inputs_unchanged(inputs_after, inputs_before):
             _add_flags(result, ["mutated_inputs"])
-            result.error = result.error or f"{label}: forward modified its inputs"
+            fail(result, label, "mutated_inputs", "forward modified its inputs")
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
         mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
         if mismatch is not None:
-            result.error = result.error or f"{label}: {mismatch.message}"
+            fail(result, label, "mismatch", mismatch.message)
             result.details.setdefault("mismatch", mismatch.reason)
             return False
         if "output_repeat" in status:
             try:
                 again = unpack(status["output_repeat"], tensors)
             except (TensorIOError, KeyError) as exc:
-                result.error = result.error or f"{label}: unreadable second output ({str(exc)[:120]})"
+                fail(result, label, "bad_output", f"unreadable second output ({type(exc).__name__})")
                 return False
             mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
             if mismatch is not None:
-                result.error = result.error or (
-                    f"{label}: a second run on the same inputs differs ({mismatch.message}); "
-                    "uninitialised memory or a race?")
+                fail(result, label, "mismatch", f"a second run on the same inputs differs ({mismatch.message}); "
+                     "uninitialised memory or a race?")
                 result.details.setdefault("mismatch", "second_run")
                 return False
-        result.details.setdefault("launches", []).append(status.get("launches"))
+        launches = status.get("launches")
+        result.details.setdefault("launches", []).append(launches if isinstance(launches, int) else None)
         result.details.setdefault("sets_run", []).append(set_info["name"])
         return True
 
-    def _hand_over_timing_inputs(self) -> None:
+    def _hand_over_timing_inputs(self) -> str:
         indices = [i for i, s in enumerate(self.prepared.sets) if s["timing"]]
-        self.hand_over_inputs("timing.in", [self.prepared.sets[i]["inputs"] for i in indices], sets=indices)
+        return self.hand_over_inputs("timing.in", [self.prepared.sets[i]["inputs"] for i in indices],
+                                     sets=indices)
 
     def time_candidate(self) -> None:
         result, cfg = self.result, self.config
         try:
             from extensions.timing import gpu_lease
         except Exception as exc:  # noqa: BLE001 - the timer is optional
-            result.error = f"timing unavailable: {type(exc).__name__}: {str(exc)[:120]}"
+            fail(result, "timing", "timing", f"timer unavailable: {type(exc).__name__}")
             self.proc.send_line("stop")
             return
         try:
             # The lease keeps other verifier processes on this machine off the GPU while timing.
             with gpu_lease(self.gpu if self.gpu is not None else 0, timeout_s=cfg.timeout_s):
-                self._hand_over_timing_inputs()
-                self.proc.send_line("time")
+                hashes = self._hand_over_timing_inputs()
+                self.proc.send_line(f"time {hashes}")
                 status = self.wait("timing.json", time.monotonic() + cfg.timeout_s, "timing")
         except TimeoutError as exc:
-            result.error = f"timing: {str(exc)[:200]}"
+            fail(result, "timing", "timeout", str(exc))
             return
         if status is None:
             return
-        if status.get("error"):
-            result.error = str(status["error"])[:300]
+        if status.get("sandbox_error"):
+            fail(result, "timing", "sandbox", status.get("error"))
             return
-        report = status.get("report") or {}
+        if status.get("error"):
+            fail(result, "timing", "timing", status["error"])
+            return
+        report = sanitize_data(status.get("report")) or {}
         result.timing = report
         _add_flags(result, report.get("flags"))
         speedup = report.get("speedup")
@@ -364,10 +431,10 @@ class _Run:
                 expected = unpack(timed_set["expected"], self.prepared.expected)
                 if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0)) is not None:
                     _add_flags(result, ["memoized_output"])
-                    result.error = "timing: the last timed call's output does not match the reference"
+                    fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
                 _add_flags(result, ["memoized_output"])
-                result.error = f"timing: last output unreadable ({str(exc)[:80]})"
+                fail(result, "timing", "bad_output", f"last output unreadable ({type(exc).__name__})")
         if isinstance(speedup, (int, float)) and speedup == speedup and speedup > 0:
             result.speedup = float(speedup)
             if result.speedup > cfg.speedup_review_bound:
@@ -378,10 +445,11 @@ class _Run:
 
 def _audit_summary(flags: list[str], status: dict) -> str:
     cheating = [f for f in flags if f in CHEATING_FLAGS]
-    ops = status.get("disallowed_ops") or []
+    ops = status.get("disallowed_ops")
+    ops = ops if isinstance(ops, list) else []
     text = ", ".join(cheating)
     if ops:
-        text += f" (ops: {', '.join(str(o) for o in ops[:4])})"
+        text += f" (ops: {', '.join(safe_name(o) for o in ops[:4])})"
     return text
 
 
@@ -397,62 +465,13 @@ def _judge_correctness(run: _Run, result: VerifyResult, deadline: float) -> bool
         return False
     _add_flags(result, compiled.get("flags"))
     if not compiled.get("ok"):
-        result.error = f"compile: {str(compiled.get('error'))[:240]}"
+        _status_failure(result, "compile", compiled)
         return False
     result.stage = "compile"
     if is_cheating(result.flags):
-        result.error = f"compile: {', '.join(f for f in result.flags if f in CHEATING_FLAGS)}"
+        fail(result, "compile", "audit", ", ".join(f for f in result.flags if f in CHEATING_FLAGS))
         return False
     return run.judge_sets(deadline)
-
-
-class WorkerLauncher:
-    """Starts sandboxed workers, one fresh process per candidate. With ``prespawn`` it keeps one
-    started worker per slot waiting (torch and Triton imported, no candidate yet), so the next
-    candidate does not wait for the imports. A worker never serves a second candidate."""
-
-    def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool):
-        self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
-        self.prespawn = prespawn
-        self._to_start = total
-        self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
-        self._lock = threading.Lock()
-
-    def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
-        sandbox_dir = tempfile.mkdtemp(prefix="cand-", dir=self.work_root)
-        return SandboxedProcess(
-            [sys.executable, "-m", "extensions.verify.worker"], sandbox_dir, device=self.device,
-            gpu_index=gpu, isolation=self.isolation, max_output_bytes=self.config.max_output_bytes,
-        )
-
-    def take(self, gpu: Optional[int]) -> SandboxedProcess:
-        with self._lock:
-            self._to_start -= 1
-            spares = self._spares.get(gpu) or []
-            proc = spares.pop() if spares else None
-        if proc is not None and proc.proc.poll() is not None:  # died while waiting
-            self.discard(proc)
-            proc = None
-        proc = proc or self._spawn(gpu)
-        if self.prespawn:
-            with self._lock:
-                waiting = sum(len(v) for v in self._spares.values())
-                if self._to_start - waiting > 0:
-                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
-        return proc
-
-    @staticmethod
-    def discard(proc: SandboxedProcess) -> None:
-        proc.kill()
-        proc.finish(time.monotonic() + 5)
-        shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
-
-    def close(self) -> None:
-        with self._lock:
-            spares = [p for procs in self._spares.values() for p in procs]
-            self._spares.clear()
-        for proc in spares:
-            self.discard(proc)
 
 
 def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, pool, isolation: str,
@@ -462,10 +481,12 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     protocol on CPU tensors (meaningless numbers; for testing the protocol without a GPU)."""
     result = VerifyResult(label, stage="static", isolation="none")
     if not prepared.ok:
-        result.error = f"problem: {prepared.error}"
+        # The old "problem: <line>" form stays: callers tell problem failures apart by it.
+        result.error, result.error_category = f"problem: {redact_line(prepared.error)}", "problem"
         result.details["problem_error"] = True
         return result
     result.isolation = isolation
+    result.warnings.extend(isolation_warnings(isolation))
     if prepared.skipped:
         result.details["skipped_input_sets"] = prepared.skipped
     result.details["input_sets"] = [s["name"] for s in prepared.sets]
@@ -476,6 +497,9 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     run = None
     proc = None
     gate = pool.gate(gpu)
+    # Without bubblewrap a candidate could read this process's environment through /proc.
+    hidden = verifier_undumpable() if isolation == "process" else contextlib.nullcontext()
+    hidden.__enter__()
     try:
         with gate.shared():  # other correctness runs may share this GPU; timing may not
             timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
@@ -485,16 +509,20 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
             passed = _judge_correctness(run, result, deadline)
         wants_timing = timing and (
             passed or (result.passed("compile") and not config.staged_skip_timing_on_failure))
-        if wants_timing and not is_cheating(result.flags) and run.proc.proc.poll() is None:
+        if wants_timing and not is_cheating(result.flags) and run.proc.poll() is None:
             with gate.exclusive():
                 run.time_candidate()
         run.proc.send_line("stop")
         outcome = run.proc.finish(time.monotonic() + 10)
         result.details["output_bytes"] = {"stdout": outcome.stdout_bytes, "stderr": outcome.stderr_bytes}
+        if outcome.memory_exceeded and result.error_category != "memory_limit":
+            result.stage = min(result.stage, "compile", key=lambda s: STAGES.index(s))
+            result.error, result.error_category = None, None
+            fail(result, "full", "memory_limit", f"more than {proc.memory_limit_kb >> 10} MB of host memory; killed")
     finally:
         if proc is not None:
-            proc.kill()
-            shutil.rmtree(proc.sandbox_dir, ignore_errors=True)
+            launcher.release(proc, gpu)
+        hidden.__exit__(None, None, None)
         pool.release(gpu)
         if own_launcher:
             launcher.close()

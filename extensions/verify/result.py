@@ -22,9 +22,13 @@ class VerifyResult:
     error: Optional[str] = None
     flags: list[str] = field(default_factory=list)
     speedup: Optional[float] = None
-    # Which OS isolation the candidate ran under: "bwrap", "process" (fallback), or "none" when
-    # it never ran (rejected before the compile stage).
+    # Which OS isolation the candidate ran under: "bwrap", "process" (asked for explicitly), or
+    # "none" when it never ran (rejected before the compile stage).
     isolation: str = "none"
+    # Why it failed, one of ``redact.ERROR_CATEGORIES`` (``error`` adds a redacted line); None if it passed.
+    error_category: Optional[str] = None
+    # Conditions the caller must know about, e.g. that no OS sandbox was in force.
+    warnings: list[str] = field(default_factory=list)
     # Library calls (GEMM/conv) a config policy allowed, reported so they are never silent.
     allowed_library_calls: list[str] = field(default_factory=list)
     timing: Optional[dict[str, Any]] = None

@@ -80,6 +80,13 @@ def save_tensors(path: str, tensors: dict[str, Any]) -> None:
     save_file(tensors, path)
 
 
+def tensor_bytes(tensors: dict[str, Any]) -> bytes:
+    """The safetensors file of ``tensors`` as bytes (to hash exactly what is written)."""
+    from safetensors.torch import save
+
+    return save(tensors)
+
+
 def load_tensors(path: str, max_bytes: int | None = None) -> dict[str, Any]:
     import os
 

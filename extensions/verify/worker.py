@@ -6,14 +6,19 @@ Reads ``job.json`` and the init inputs, deletes both, and only then imports the 
 candidate never sees the job, and no input exists yet while it is imported and built. It never
 holds expected outputs: it writes the candidate's outputs (and the inputs as they were after the
 call) as safetensors plus a JSON status, and the trusted parent compares. The parent drives it
-through stdin, one line per step, so evaluation stops at the first failure without wasting work:
+through a private copy of stdin, one line per step, so evaluation stops at the first failure:
 
-    parent: "go"   -> worker: reads job.json (it imported torch/triton before, while waiting)
+    parent: "go <job> <init> <candidate>" -> worker: reads job.json, init.safetensors, candidate.py
     worker: compile.json
-    parent: writes set_<i>.in.safetensors, "run" -> worker: set_<i>.safetensors + set_<i>.json
+    parent: writes set_<i>.in.*, "run <tensors> <json>" -> worker: set_<i>.safetensors + set_<i>.json
             ("skip" passes a set over)                                       (repeat per input set)
-    parent: writes timing.in.*, "time" -> worker: timing.json (+ timing.safetensors)   (CUDA)
+    parent: writes timing.in.*, "time <tensors> <json>" -> worker: timing.json (+ timing.safetensors)
     parent: "stop" -> worker exits
+
+Each ``<...>`` is the SHA-256 of a file the parent wrote, from the bytes it wrote. The worker reads
+each file once, checks it and uses only the checked bytes (the candidate is imported from them), so
+a file another process rewrote meanwhile (possible under process isolation) is refused: a status
+with ``sandbox_error``, a failure of the sandbox, never blamed on the candidate being judged.
 
 The runtime audit (``audit.py``) and, on CPU, the interpreter's missing pieces
 (``interpreter_compat.py``) are installed before the candidate is imported; importing and building
@@ -23,6 +28,8 @@ checked against the snapshot taken before the candidate was imported (``integrit
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -73,10 +80,33 @@ def _storages(value: Any) -> set[int]:
             if isinstance(t, torch.Tensor) and t.numel() > 0}
 
 
-def import_candidate():
+class _VerifiedSource(importlib.machinery.SourceFileLoader):
+    """Loads the candidate from bytes already checked against the parent's hash, so a file swapped
+    on disk after the check is never what runs."""
+
+    def __init__(self, fullname: str, path: str, source: bytes):
+        super().__init__(fullname, path)
+        self.source = source
+
+    def get_data(self, path):
+        return self.source if path == self.path else super().get_data(path)
+
+
+def _load_spec(source: bytes):
+    import linecache
+
+    # Triton reads a kernel's source through linecache (inspect.getsource): give it the same bytes.
+    text = source.decode("utf-8", "replace")
+    linecache.cache[CANDIDATE_FILE] = (len(text), None, text.splitlines(True), CANDIDATE_FILE)
+    loader = _VerifiedSource("candidate", CANDIDATE_FILE, source)
+    return importlib.util.spec_from_file_location("candidate", CANDIDATE_FILE, loader=loader)
+
+
+def import_candidate(source: bytes):
+    """``ModelNew`` from the candidate's checked bytes, and the flags its class earns."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("candidate", CANDIDATE_FILE)
+    spec = _load_spec(source)
     module = importlib.util.module_from_spec(spec)
     sys.modules["candidate"] = module
     spec.loader.exec_module(module)
@@ -199,7 +229,9 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     return status
 
 
-def run_timing(job: dict, models: "Models", device: str) -> dict:
+def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> dict:
+    """Time the candidate against the reference on the handed timing inputs (``hashes``: those
+    files'; the problem file's is in the job)."""
     import torch
 
     from ..config.sections import VerifierConfig
@@ -211,9 +243,9 @@ def run_timing(job: dict, models: "Models", device: str) -> dict:
     except Exception as exc:  # noqa: BLE001 - the timer is optional
         return {"error": f"timing unavailable: {type(exc).__name__}: {str(exc)[:120]}"}
     try:
-        input_sets, handed = take_handed("timing.in", device)
-        with open(job["timing"]["problem_file"]) as fh:
-            problem = load_problem(fh.read())
+        input_sets, handed = take_handed("timing.in", device, hashes)
+        timing = job["timing"]
+        problem = load_problem(read_checked(timing["problem_file"], timing["problem_sha256"]).decode())
         torch.manual_seed(int(job["seed"]))
         reference = problem.Model(*models.inits[0]).to(device)
         model, _flags = models.get(0)
@@ -230,35 +262,66 @@ def run_timing(job: dict, models: "Models", device: str) -> dict:
             result["last_set"] = indices[int(last_index)]
             save_tensors("timing.safetensors", out_tensors)
         return result
+    except AlteredFile as exc:
+        return _sandbox_failure(exc)
     except BaseException as exc:  # noqa: BLE001
         return {"error": "timing failed: " + short_error(exc)}
 
 
-def _read_job() -> tuple[dict, list]:
-    """The job and the init inputs, both deleted once read: the candidate is imported after."""
-    from .tensor_io import load_tensors, unpack
+class AlteredFile(Exception):
+    """A file the parent wrote does not hash to what the parent sent: another process changed it.
+    The sandbox failed, not the candidate."""
 
-    with open("job.json") as fh:
-        job = json.load(fh)
-    tensors = load_tensors(job["init_file"])
+
+def read_checked(name: str, expected_sha: str) -> bytes:
+    """The bytes of ``name``, read once and checked against the SHA-256 the parent sent on the
+    private control channel (under process isolation other processes of this user can write the
+    candidate's directory); the file is used only through these bytes."""
+    with open(name, "rb") as fh:
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != expected_sha:
+        raise AlteredFile(f"{name} was altered by another process")
+    return data
+
+
+def _read_job(hashes: list[str]) -> tuple[dict, list, bytes]:
+    """The job, the init inputs (both deleted once read: no input exists while the candidate is
+    imported and built) and the candidate's checked bytes. ``hashes``: job, init, candidate."""
+    from safetensors.torch import load as load_tensor_bytes
+
+    from .tensor_io import unpack
+
+    if len(hashes) != 3:
+        raise AlteredFile("the start command carries no file hashes")
+    job_sha, init_sha, candidate_sha = hashes
+    job = json.loads(read_checked("job.json", job_sha))
+    tensors = load_tensor_bytes(read_checked(job["init_file"], init_sha))
     inits = [unpack(spec, tensors) for spec in job["inits"]]
     for name in ("job.json", job["init_file"]):
         os.remove(name)
-    return job, inits
+    return job, inits, read_checked(CANDIDATE_FILE, candidate_sha)
 
 
-def take_handed(stem: str, device: str) -> tuple[list, dict]:
+def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     """The values the parent handed over as ``stem``.safetensors + ``stem``.json (deleted once
-    read: a set's inputs exist only from just before its run), and the JSON's other fields."""
-    from .tensor_io import load_tensors, unpack
+    read: a set's inputs exist only from just before its run), and the JSON's other fields.
+    ``hashes`` (tensors, JSON) came with the command that announced them."""
+    from safetensors.torch import load as load_tensor_bytes
 
-    with open(stem + ".json") as fh:
-        handed = json.load(fh)
-    tensors = load_tensors(stem + ".safetensors")
+    from .tensor_io import unpack
+
+    if len(hashes) != 2:
+        raise AlteredFile(f"no hashes came with {stem}")
+    handed = json.loads(read_checked(stem + ".json", hashes[1]))
+    tensors = load_tensor_bytes(read_checked(stem + ".safetensors", hashes[0]))
     for suffix in (".json", ".safetensors"):
         os.remove(stem + suffix)
     values = [unpack(spec, tensors, device if device != "cpu" else None) for spec in handed.pop("values")]
     return values, handed
+
+
+def _sandbox_failure(exc: AlteredFile) -> dict:
+    return {"ok": False, "sandbox_error": True, "error": str(exc)}
 
 
 class _Verdicts:
@@ -275,6 +338,7 @@ class _Verdicts:
             if isinstance(flags, list) and "audit_tampered" not in flags:
                 flags.append("audit_tampered")
             status["ok"] = False
+            status.pop("sandbox_error", None)
             status["error"] = "runtime audit: the worker's code was changed"
             status.setdefault("details", {})["changed_code"] = changed[:10]
         _write_json(name, status)
@@ -301,37 +365,69 @@ def _snapshot(device: str):
     return CodeSnapshot(modules)
 
 
-def main() -> None:
-    # The parent's commands arrive on a private copy of stdin; the candidate's stdin is empty.
-    control = os.fdopen(os.dup(0), "r")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-
-    # Imports first: the parent may start this process before it has a candidate for it ("go").
-    import torch
+def preload() -> None:
+    """Everything a worker imports before it is given a candidate (no CUDA initialisation: a
+    fork server forks its children after this)."""
+    import torch  # noqa: F401
     import triton  # noqa: F401
+    import triton.language  # noqa: F401
 
-    from .audit import RuntimeAudit, warm_up_profiler
+    from . import audit, integrity, interpreter_compat, tensor_io  # noqa: F401
 
-    warm_up_profiler()
-    if control.readline().strip() != "go":
+
+def limit_memory(limit_mb: int, device: str) -> None:
+    """Cap the data segment (heap and private writable mappings) at what the worker holds now
+    plus ``limit_mb``: an allocation above it fails at once, before pages are touched. Only on
+    CPU: CUDA's runtime maps memory in ways a data limit can break; there the parent's resident
+    memory watch is the cap."""
+    import resource
+
+    if limit_mb <= 0 or device != "cpu":
         return
-    job, inits = _read_job()
-    device = "cuda" if job["device"] != "cpu" else "cpu"
-    from . import interpreter_compat
+    held = 0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmData:"):
+                held = int(line.split()[1]) * 1024
+    limit = held + limit_mb * (1 << 20)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
+
+def serve(control) -> None:
+    """Judge one candidate in the current directory, driven by lines on ``control``."""
+    import torch
+
+    from . import interpreter_compat
+    from .audit import RuntimeAudit, warm_up_profiler
+    from .privileges import drop_privileges
+    from .proctree import become_subreaper
+
+    command = control.readline().split()
+    if not command or command[0] != "go":
+        return
+    become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
+    warm_up_profiler()  # milliseconds where it was warmed while waiting; a forked CUDA child's first
+    try:
+        job, inits, candidate_source = _read_job(command[1:])
+    except AlteredFile as exc:
+        _write_json("compile.json", _sandbox_failure(exc))
+        return
+    device = "cuda" if job["device"] != "cpu" else "cpu"
     order = None
     if device == "cpu":
         torch.set_num_threads(1)
         order = interpreter_compat.install()
     else:
         interpreter_compat.benchmark_autotune_with_events()
+    limit_memory(int(job.get("memory_limit_mb", 0)), device)
+    drop_privileges()  # no capability left to read other processes of this user (process isolation)
     audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
     audit.install()
+    # Taken here, in the candidate's own process (a forked child included), before its import.
     verdicts = _Verdicts(_snapshot(device), audit)
     try:
         with audit.construction() as report:
-            model_cls, flags = import_candidate()
+            model_cls, flags = import_candidate(candidate_source)
         details = dict(report.details)
         flags += [f for f in report.flags if f not in flags]
         models = Models(model_cls, inits, int(job["seed"]), device, audit)
@@ -343,15 +439,41 @@ def main() -> None:
     details["init_ops"] = sorted(set(details.get("init_ops", []) + audit.report.details.get("init_ops", [])))
     verdicts.write("compile.json", {"ok": True, "flags": flags, "details": details})
     for index, set_spec in enumerate(job["sets"]):
-        command = control.readline().strip()
-        if command == "skip":
+        command = control.readline().split()
+        if command == ["skip"]:
             continue
-        if command != "run":
+        if not command or command[0] != "run":
             return
-        (inputs,), _ = take_handed(f"set_{index}.in", device)
+        try:
+            (inputs,), _ = take_handed(f"set_{index}.in", device, command[1:])
+        except AlteredFile as exc:
+            verdicts.write(f"set_{index}.json", _sandbox_failure(exc))
+            return
         verdicts.write(f"set_{index}.json", run_set(models, index, set_spec, inputs, device, audit, order))
-    if control.readline().strip() == "time" and job.get("timing"):
-        verdicts.write("timing.json", run_timing(job, models, device))
+    command = control.readline().split()
+    if command and command[0] == "time" and job.get("timing"):
+        verdicts.write("timing.json", run_timing(job, models, device, command[1:]))
+
+
+def private_control_channel():
+    """The parent's commands arrive on a private copy of stdin; the candidate's stdin is empty."""
+    control = os.fdopen(os.dup(0), "r")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return control
+
+
+def main() -> None:
+    from .audit import warm_up_profiler
+    from .proctree import die_with_parent
+
+    die_with_parent()
+    control = private_control_channel()
+    # Imports first: the parent may start this process before it has a candidate for it ("go").
+    preload()
+    warm_up_profiler()
+    serve(control)
 
 
 if __name__ == "__main__":

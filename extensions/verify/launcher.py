@@ -1,0 +1,168 @@
+"""Where each candidate's worker comes from: a child of a sandboxed fork server (the default), or
+a fresh sandboxed process per candidate (``verifier.fork_server: false``).
+
+Either way a worker judges exactly one candidate in a directory nobody else is given:
+
+* ``bwrap``: one fork server per worker slot, each in its own bubblewrap sandbox whose only
+  writable directory is the slot's; the candidate's directory is made inside it, and removed (with
+  every process the candidate left) before the slot's next candidate is forked.
+* ``process``: each candidate gets its own private root (``mkdtemp``, mode 0700) outside the
+  batch's directory. Workers import the verifier from a copy, never from the checkout.
+
+No input file is shared between candidates: the judge writes each candidate's job, init inputs and
+(just before each run) one set's inputs into its directory from the parent's memory, hashes each
+from the bytes written (``write_private``) and sends the hashes on the worker's private control
+channel, so a file another process rewrote is refused instead of used.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from .forkserver import ForkServer, inside_path
+from .sandbox import SandboxedProcess, private_code_copy, remove_tree
+
+
+def write_private(path: str, data: bytes) -> str:
+    """Write ``data`` to ``path``; its SHA-256, computed from what was written (not read back, which
+    another process could have changed meanwhile)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+class WorkerLauncher:
+    """Hands out one fresh worker per candidate (``take``) and takes it back (``release``)."""
+
+    def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool,
+                 slots: Optional[list[Optional[int]]] = None):
+        self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
+        self.use_fork_server = bool(getattr(config, "fork_server", True))
+        self.prespawn = prespawn and not self.use_fork_server
+        self.pythonpath = private_code_copy(work_root) if isolation == "process" else None
+        self.memory_limit_kb = max(0, int(getattr(config, "memory_limit_mb", 0))) * 1024
+        self._to_start = total
+        self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
+        self._idle: dict[Optional[int], list[ForkServer]] = {}
+        self._servers: list[ForkServer] = []
+        self._lock = threading.Lock()
+        self._dirs: set[str] = set()
+        if self.use_fork_server:
+            for gpu in (slots or [])[: max(0, total)]:
+                self._idle.setdefault(gpu, []).append(self._start_server(gpu))
+
+    # -- directories -----------------------------------------------------------------------------
+
+    def candidate_dir(self, server: Optional[ForkServer] = None) -> str:
+        if self.isolation == "process":
+            directory = tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
+        else:
+            parent = server.work_dir if server is not None else self.work_root
+            directory = tempfile.mkdtemp(prefix="cand-", dir=parent)
+        with self._lock:
+            self._dirs.add(directory)
+        return directory
+
+    def _remove_dir(self, directory: str) -> None:
+        """Remove a candidate's directory; one that another live candidate refilled meanwhile (process
+        isolation) stays listed and is removed again when the batch closes."""
+        remove_tree(directory)
+        if not os.path.lexists(directory):
+            with self._lock:
+                self._dirs.discard(directory)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _start_server(self, gpu: Optional[int]) -> ForkServer:
+        slot_dir = tempfile.mkdtemp(prefix="slot-", dir=self.work_root)
+        server = ForkServer(device=self.device, gpu_index=gpu, isolation=self.isolation, work_dir=slot_dir,
+                            max_output_bytes=self.config.max_output_bytes, memory_limit_kb=self.memory_limit_kb,
+                            pythonpath=self.pythonpath)
+        with self._lock:
+            self._servers.append(server)
+        return server
+
+    def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
+        return SandboxedProcess(
+            [sys.executable, "-m", "extensions.verify.worker"], self.candidate_dir(),
+            device=self.device, gpu_index=gpu, isolation=self.isolation,
+            max_output_bytes=self.config.max_output_bytes, pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
+
+    def _take_server(self, gpu: Optional[int]) -> ForkServer:
+        with self._lock:
+            idle = self._idle.get(gpu) or []
+            server = idle.pop() if idle else None
+        if server is not None and not server.alive:
+            server.close()
+            server = None
+        server = server or self._start_server(gpu)
+        if not server.wait_ready(max(60.0, self.config.timeout_s)):
+            server.close()
+            raise RuntimeError("the verifier's fork server did not start")
+        return server
+
+    def take(self, gpu: Optional[int]):
+        """A worker for one candidate: a forked child (fork server) or a fresh process."""
+        with self._lock:
+            self._to_start -= 1
+        if self.use_fork_server:
+            server = self._take_server(gpu)
+            directory = self.candidate_dir(server)
+            return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+        with self._lock:
+            spares = self._spares.get(gpu) or []
+            proc = spares.pop() if spares else None
+        if proc is not None and proc.poll() is not None:  # died while waiting
+            self.discard(proc)
+            proc = None
+        proc = proc or self._spawn(gpu)
+        if self.prespawn:
+            with self._lock:
+                waiting = sum(len(v) for v in self._spares.values())
+                if self._to_start - waiting > 0:
+                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
+        return proc
+
+    def release(self, proc, gpu: Optional[int]) -> None:
+        """After the verdict: kill what is left of the candidate, remove its directory, and give
+        its fork server back for the slot's next candidate."""
+        proc.kill()
+        server = getattr(proc, "server", None)
+        if server is not None:
+            server.wait_exit(10)
+            if not server.settled():  # something survived the kill: this server is not reused
+                server.close()
+        self._remove_dir(proc.sandbox_dir)
+        if server is not None:
+            # The whole slot directory was writable: nothing may wait there for the next candidate.
+            for name in os.listdir(server.work_dir):
+                remove_tree(os.path.join(server.work_dir, name))
+        if server is not None and server.alive:
+            with self._lock:
+                self._idle.setdefault(gpu, []).append(server)
+
+    def discard(self, proc: SandboxedProcess) -> None:
+        proc.kill()
+        proc.finish(time.monotonic() + 5)
+        self._remove_dir(proc.sandbox_dir)
+
+    def close(self) -> None:
+        with self._lock:
+            spares = [p for procs in self._spares.values() for p in procs]
+            self._spares.clear()
+            servers, self._servers = self._servers, []
+            self._idle.clear()
+        for proc in spares:
+            self.discard(proc)
+        for server in servers:
+            server.close()
+        # Every candidate is dead now: nothing can refill a directory any more.
+        with self._lock:
+            left = list(self._dirs)
+        for directory in left:
+            self._remove_dir(directory)
