@@ -322,7 +322,9 @@ class RuntimeAudit:
             self.report.markers_seen = False
             self.report.details["profiler_error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
             return
-        names = Counter(event.name for event in events)
+        # Host-side records only: on CUDA a range that launched GPU work is also reported as a
+        # GPU user annotation of the same name, which is not a second marker.
+        names = Counter(event.name for event in events if _on_host(event))
         self.report.markers_seen = names[_START_MARKER] == 1 and names[_END_MARKER] == 1
         self.report.profiled_ops = Counter({name: count for name, count in names.items()
                                             if "::" in name and not name.startswith("verifier::")})
@@ -390,6 +392,12 @@ class RuntimeAudit:
         if report.cuda_kernels and not construction:
             flags += _cuda_kernel_flags(report)
         report.flags = flags
+
+
+def _on_host(event) -> bool:
+    from torch.autograd import DeviceType
+
+    return getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU
 
 
 def _base(op: str) -> str:
