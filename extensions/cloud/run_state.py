@@ -60,7 +60,7 @@ def _prepare_up_to_date(paths: RunPaths, cfg) -> bool:
     from ..data.sources import SourceError
 
     try:
-        return is_up_to_date(paths.processed, input_fingerprint(cfg.data))
+        return is_up_to_date(paths.processed, input_fingerprint(cfg.data, cfg.prompt))
     except (SourceError, OSError, ValueError):
         return False  # a source that cannot be read: prepare runs and reports why
 
