@@ -54,6 +54,8 @@ paths.processed.mkdir(parents=True, exist_ok=True)
 for path in (paths.sft_train, paths.sft_val, paths.difficulty_labels, paths.rl_tasks, paths.eval_tasks):
     path.write_text(json.dumps({"file": path.name}) + "\n")
 from extensions.data.pipeline import input_fingerprint
+from extensions.data.retrieval import Example, build_index
+build_index([Example("fake", "x = 1\n", "y = 2\n")], paths.retrieval_index)
 paths.prepare_report.write_text(json.dumps({"kept": 5, "fingerprint": input_fingerprint(cfg.data, cfg.prompt)}) + "\n")
 '''
 
@@ -180,6 +182,9 @@ def write_finished_run(cfg) -> RunPaths:
     for path in prepared_files(paths):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"file": path.name}) + "\n")
+    from extensions.data.retrieval import Example, build_index
+
+    build_index([Example("fake", "x = 1\n", "y = 2\n")], paths.retrieval_index)
     paths.prepare_report.write_text(json.dumps({"fingerprint": input_fingerprint(cfg.data, cfg.prompt)}) + "\n")
     for stage in ("sft", "rl"):
         directory = paths.final(stage)
