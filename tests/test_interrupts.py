@@ -62,7 +62,7 @@ run: {{root: "{root}"}}
 model: {{name_or_path: "{model_dir}", dtype: float32}}
 lora: {{r: 4, alpha: 8}}
 sft: {{max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_steps: 1, per_device_batch_size: 2,
-       gradient_accumulation_steps: 1, max_seq_len: 1024, gradient_checkpointing: false}}
+       gradient_accumulation_steps: 1, max_seq_len: 2048, gradient_checkpointing: false}}
 """)
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config),
                              "--stage", "sft", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -95,7 +95,8 @@ def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir
     out = tmp_path / "out"
     generations = out / "generations_tiny.jsonl"
     settings = ["--set", "eval.max_new_tokens=24", "--set", "eval.generation_batch_size=1", "--set", "eval.temperature=0.7",
-                "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null", "--set", "prompt.mode=plain", "--set", "eval.turns=1"]
+                "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null", "--set", "prompt.mode=plain", "--set", "eval.turns=1",
+                "--set", "eval.num_tasks=40", "--set", "model.dtype=float32"]
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "evaluate.py"), "--model_path", str(model_dir),
                              "--tasks", str(tasks_file), "--name", "tiny", "--output_dir", str(out), "--smoke", *settings],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)

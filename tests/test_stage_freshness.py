@@ -36,7 +36,7 @@ run: {{root: "{root}", run_id: fresh-test}}
 model: {{name_or_path: "{model_dir}", dtype: float32}}
 lora: {{r: 4, alpha: 8}}
 sft: {{learning_rate: 5e-3, max_steps: 2, save_every_steps: 1, eval_every_steps: 0, per_device_batch_size: 2,
-       gradient_accumulation_steps: 1, max_seq_len: 1024, gradient_checkpointing: false}}
+       gradient_accumulation_steps: 1, max_seq_len: 2048, gradient_checkpointing: false}}
 checkpoint: {{sync_interval_s: 60}}
 {extra}
 """)
