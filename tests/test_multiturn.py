@@ -38,10 +38,11 @@ def test_trajectories_refine_on_feedback_and_stop_when_correct():
     assert [t.solved for t in trajectories] == [True, True]
     assert [len(t.turns) for t in trajectories] == [2, 1]  # no turn after a correct kernel
     turn_two_prompt = seen[1][1][0]
-    assert [m["role"] for m in turn_two_prompt] == ["system", "user", "assistant", "user"]
-    assert turn_two_prompt[2]["content"] == WRONG  # its own previous kernel
+    first_prompt = build_messages(AFFINE_PROBLEM)
+    assert [m["role"] for m in turn_two_prompt] == [m["role"] for m in first_prompt] + ["assistant", "user"]
+    assert turn_two_prompt[len(first_prompt)]["content"] == WRONG  # its own previous kernel
     feedback = trajectories[0].turns[0].feedback
-    assert feedback in turn_two_prompt[3]["content"] and "values outside atol" in feedback
+    assert feedback in turn_two_prompt[len(first_prompt) + 1]["content"] and "values outside atol" in feedback
     assert trajectories[0].result_by_turn(1).correct is False and trajectories[0].result_by_turn(2).correct
 
 
