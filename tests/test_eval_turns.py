@@ -12,6 +12,7 @@ from extensions.config import VerifierConfig
 from extensions.evaluation.records import EvalTask
 from extensions.evaluation.turns import build_trajectories, format_turn_table, run_turns_evaluation, turns_block
 from extensions.prompt_builder import PromptBuilder
+from extensions.prompts import build_messages
 from extensions.verify import VerifyRequest, verify_batch
 from test_evaluate_cli import FIXTURES, build_tiny_model, response, run_evaluate, write_tasks
 
@@ -29,7 +30,7 @@ def outcome(tmp_path_factory):
     def generate(prompts, turn):
         answers = []
         for prompt in prompts:
-            task_text = prompt[1]["content"]
+            task_text = prompt[len(build_messages("")) - 1]["content"]  # the task, after the worked example
             if "torch.sum" in task_text:
                 answers.append(response("row_sum_torch_fallback.py"))
             elif turn == 1:
