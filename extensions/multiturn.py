@@ -95,17 +95,27 @@ class TurnStats:
         return dict(vars(self))
 
 
+def live_trajectories(trajectories: Sequence[Trajectory], turn: int) -> list[Trajectory]:
+    """The trajectories that answer in ``turn``: unsolved, with ``turn - 1`` turns done. ``run_turns``
+    hands ``generate`` their prompts in this order, so a caller can tell which prompt is whose."""
+    return [t for t in trajectories if len(t.turns) == turn - 1 and not t.solved]
+
+
 def run_turns(trajectories: Sequence[Trajectory], generate: Generate, verify: Verify, max_turns: int, *,
               max_prompt_tokens: Optional[int] = None, count_tokens: Optional[CountTokens] = None,
               on_turn: Optional[Callable[[int, list[Trajectory]], None]] = None) -> list[TurnStats]:
-    """Run up to ``max_turns`` turns over ``trajectories`` (continuing any turns they already hold)."""
+    """Run up to ``max_turns`` turns over ``trajectories``.
+
+    Turns a trajectory already holds (a resumed run) are kept, not asked again; it goes on from its
+    next turn. ``stats`` covers the turns run by this call.
+    """
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     stats: list[TurnStats] = []
     for turn in range(1, max_turns + 1):
-        live = [t for t in trajectories if len(t.turns) < turn and not t.solved]
+        live = live_trajectories(trajectories, turn)
         if not live:
-            break
+            continue  # every trajectory is solved or already past this turn (a resumed run)
         fitted = [fit_prompt(t, max_prompt_tokens, count_tokens) for t in live]
         responses = generate([messages for messages, _, _ in fitted], turn)
         if len(responses) != len(live):

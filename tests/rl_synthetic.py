@@ -6,10 +6,14 @@ computed from the sampled text only. Verification is a no-op judge, so the loop 
 with the verifier, minus the verifier's cost.
 
     python tests/rl_synthetic.py RUN_ROOT MODEL_DIR [--set section.key=value ...]
+
+With ``RL_SYNTHETIC_CALLS=FILE`` every judged candidate (its label's task, sample and turn) and
+every sampling call (its sequence count) is appended to FILE, so a test can tell what a run did.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +35,30 @@ def judge_nothing(items):
     from extensions.verify.result import VerifyResult
 
     return [VerifyResult(candidate=label) for _code, _text, label in items]
+
+
+def record_calls(path: Path, judge):
+    """``judge`` and the RL sampler, each call appended to ``path`` as one JSON line."""
+    from extensions.training import rollouts
+
+    def write(entry: dict) -> None:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    def judging(items):
+        for _code, _text, label in items:
+            _round, task_id, sample, *turn = label.split("/")
+            write({"call": "judge", "key": [task_id, int(sample), *(int(t.removeprefix("turn")) for t in turn)]})
+        return judge(items)
+
+    sample = rollouts.sample_rollouts
+
+    def sampling(model, tokenizer, prompts, n, params, **kwargs):
+        write({"call": "sample", "sequences": len(prompts) * n})
+        return sample(model, tokenizer, prompts, n, params, **kwargs)
+
+    rollouts.sample_rollouts = sampling
+    return judging
 
 
 def synthetic_config(root: Path, model_dir: Path, overrides=()):
@@ -68,7 +96,10 @@ def main(argv=None) -> int:
     root, model_dir, rest = Path(argv[0]), Path(argv[1]), argv[2:]
     overrides = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "--set"]
     torch.set_num_threads(1)  # the same reduction order in every process, for exact comparisons
-    outcome = run_rl(synthetic_config(root, model_dir, overrides), progress=False, verify_fn=judge_nothing,
+    judge = judge_nothing
+    if os.environ.get("RL_SYNTHETIC_CALLS"):
+        judge = record_calls(Path(os.environ["RL_SYNTHETIC_CALLS"]), judge)
+    outcome = run_rl(synthetic_config(root, model_dir, overrides), progress=False, verify_fn=judge,
                      score_fn=vowel_reward)
     print(f"outcome {outcome.status}", flush=True)
     return 0

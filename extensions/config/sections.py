@@ -160,6 +160,10 @@ class RLConfig:
     scale_advantages: bool = True  # grpo: divide by the group std (false: Dr. GRPO)
     beta: float = 0.0  # KL penalty to the base model (adapters disabled); 0: no reference forward
     baseline_momentum: float = 0.9  # reinforce: running baseline b <- m b + (1 - m) round mean
+    # Multi-turn rollouts: each trajectory refines its kernel on the verifier's feedback for up to
+    # max_turns turns (1: one attempt per sample); turn t trains on R_t = s_t + gamma * R_{t+1}.
+    max_turns: int = 1
+    gamma: float = 0.4
 
 
 @dataclass

@@ -13,6 +13,12 @@ Records, one JSON object per line:
 - ``{"type": "verdict", "task_id", "sample_index", "sha1", "result": VerifyResult.to_dict()}``;
   applies only to the sample with the same ``sha1``.
 
+With ``rl.max_turns`` > 1 a sample is one turn of a trajectory (task, sample index): sample and
+verdict records carry ``"turn"`` (from 1), and a sample record also holds the chat ``prompt`` that
+turn was sampled from (the task, the trajectory's earlier answers and the verifier's feedback on
+them, less any ``turns_dropped`` to fit ``prompt.max_prompt_tokens``) and its ``prompt_tokens``. The
+header then holds ``"turns"`` (``max_turns``, ``max_prompt_tokens``), which decide those prompts.
+
 Each record is written with one ``write`` on an ``O_APPEND`` descriptor and fsynced, so records of
 several ranks appending to the same file do not interleave and a crash loses at most a partial last
 line, which the reader counts and skips.
@@ -38,6 +44,9 @@ class LogContents:
     # (token_ids, logprobs) of each sample that has them
     sequences: dict[tuple[str, int], tuple[list[int], list[float]]] = field(default_factory=dict)
     verdicts: dict[tuple[str, int], dict] = field(default_factory=dict)
+    # Multi-turn records, by (task_id, sample_index, turn): the sample record, and its verdict.
+    turn_samples: dict[tuple[str, int, int], dict] = field(default_factory=dict)
+    turn_verdicts: dict[tuple[str, int, int], dict] = field(default_factory=dict)
     damaged_lines: int = 0
 
 
@@ -59,7 +68,7 @@ class CandidateLog:
         contents = LogContents()
         if not self.path.is_file():
             return contents
-        sample_sha: dict[tuple[str, int], str] = {}
+        sample_sha: dict[tuple, str] = {}
         pending_verdicts = []
         with open(self.path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
@@ -73,6 +82,10 @@ class CandidateLog:
                     continue
                 if kind == "round" and contents.header is None:
                     contents.header = record
+                elif kind == "sample" and "turn" in record:
+                    key = turn_key(record)
+                    contents.turn_samples[key] = record
+                    sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
                 elif kind == "sample":
                     key = (str(record["task_id"]), int(record["sample_index"]))
                     contents.samples[key] = record["text"]
@@ -84,9 +97,10 @@ class CandidateLog:
                 elif kind == "verdict":
                     pending_verdicts.append(record)
         for record in pending_verdicts:
-            key = (str(record["task_id"]), int(record["sample_index"]))
+            multi_turn = "turn" in record
+            key = turn_key(record) if multi_turn else (str(record["task_id"]), int(record["sample_index"]))
             if key in sample_sha and record.get("sha1") == sample_sha[key]:
-                contents.verdicts[key] = record["result"]
+                (contents.turn_verdicts if multi_turn else contents.verdicts)[key] = record["result"]
         return contents
 
     def set_aside(self) -> Path:
@@ -106,5 +120,18 @@ def sample_record(task_id: str, sample_index: int, text: str, token_ids: Optiona
     return record
 
 
-def verdict_record(task_id: str, sample_index: int, text: str, result: dict) -> dict:
-    return {"type": "verdict", "task_id": task_id, "sample_index": sample_index, "sha1": text_sha1(text), "result": result}
+def turn_key(record: dict) -> tuple[str, int, int]:
+    return str(record["task_id"]), int(record["sample_index"]), int(record["turn"])
+
+
+def turn_sample_record(task_id: str, sample_index: int, turn: int, text: str, token_ids: list[int],
+                       logprobs: list[float], prompt: list[dict], prompt_tokens: int, turns_dropped: int) -> dict:
+    return {**sample_record(task_id, sample_index, text, token_ids, logprobs), "turn": turn, "prompt": prompt,
+            "prompt_tokens": prompt_tokens, "turns_dropped": turns_dropped}
+
+
+def verdict_record(task_id: str, sample_index: int, text: str, result: dict, turn: Optional[int] = None) -> dict:
+    record = {"type": "verdict", "task_id": task_id, "sample_index": sample_index, "sha1": text_sha1(text), "result": result}
+    if turn is not None:
+        record["turn"] = turn
+    return record

@@ -4,7 +4,9 @@ One round loop serves every algorithm. Each round: the curriculum picks ``tasks_
 the policy samples ``samples_per_task`` completions per task, keeping each token's log-probability
 (``rollouts``); the verifier judges every candidate; the reward preset scores the verdicts
 (``rewards``); the objective updates the adapter (``objectives``: best_of_n, grpo, rloo, reinforce,
-reward_weighted). The round ends in a complete ``round-NNN`` checkpoint (adapter, optimizer,
+reward_weighted). With ``rl.max_turns`` > 1 each sample is a trajectory that refines its kernel on
+the verifier's feedback (``turn_rollouts``); each turn trains on its discounted return
+R_t = s_t + ``rl.gamma`` * R_{t+1}. The round ends in a complete ``round-NNN`` checkpoint (adapter, optimizer,
 objective state, curriculum state, round metrics); the last one is copied to ``rl/final``.
 
 Under data parallelism each rank samples and verifies its share of the round's tasks (on its own
@@ -28,6 +30,7 @@ from ..data.retrieval import ExampleRetriever
 from ..modeling import load_tokenizer
 from ..paths import RunPaths
 from ..prompt_builder import PromptBuilder
+from ..sampling import render_prompt_ids
 from . import state as train_state
 from .batching import DropReport, read_json_rows
 from .candidates import CandidateLog
@@ -36,10 +39,11 @@ from .distributed import make_dist
 from .metrics import MetricsLogger
 from .objectives import Objective, RoundRollouts, UpdateContext, make_objective
 from .rewards import ScoreFn, make_score_fn
-from .round_stats import round_statistics
+from .round_stats import multiturn_statistics, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
 from .saving import file_fingerprint, save_adapter_checkpoint
+from .turn_rollouts import collect_trajectories, with_discounted_returns
 from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
 
@@ -213,6 +217,18 @@ def _prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
         cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))
 
 
+def _round_rollouts(ctx: RoundContext, round_index: int, chosen: list[dict], candidates: list) -> RoundRollouts:
+    """What the objective trains on. In a multi-turn round each turn is a sample continuing its own
+    prompt, and its reward is its discounted return over the rest of its trajectory."""
+    messages = {t["task_id"]: ctx.messages(t) for t in chosen}
+    if ctx.cfg.rl.max_turns == 1:
+        return RoundRollouts(round_index, chosen, candidates, task_prompt_ids(ctx, chosen), messages)
+    turn_prompts = render_prompt_ids(ctx.tokenizer, [c.prompt for c in candidates])
+    return RoundRollouts(round_index, chosen, with_discounted_returns(candidates, ctx.cfg.rl.gamma),
+                         task_prompt_ids(ctx, chosen), messages,
+                         turn_prompt_ids={c.key: ids for c, ids in zip(candidates, turn_prompts)})
+
+
 def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, policy_dir: Optional[Path]) -> Path:
     """sample -> verify -> score -> objective.update -> checkpoint."""
     cfg, dist, rl = ctx.cfg, ctx.dist, ctx.cfg.rl
@@ -225,19 +241,24 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         print(f"[rl] round {round_index}/{rl.num_rounds}: {len(chosen)} tasks (by level {by_level}), "
               f"{rl.samples_per_task} samples each", flush=True)
     model = dist.unwrap(trainer.model)
-    candidates, phase = collect_candidates(ctx, model, round_index, chosen, _policy_fingerprint(policy_dir, cfg.run.seed))
+    multi_turn = rl.max_turns > 1
+    collect = collect_trajectories if multi_turn else collect_candidates
+    candidates, phase = collect(ctx, model, round_index, chosen, _policy_fingerprint(policy_dir, cfg.run.seed))
     for candidate in candidates:
         candidate.score = float(parts.score_fn(candidate))
     stats = round_statistics(candidates)
+    if multi_turn:
+        stats["multiturn"] = multiturn_statistics(candidates, rl.max_turns, cfg.prompt.max_prompt_tokens)
 
     update_ctx = UpdateContext(cfg, dist, trainer, ctx.tokenizer, parts.metrics, ctx.progress,
                                check_signal=lambda: check_signal(ctx, policy_dir))
     started = time.perf_counter()
-    update_stats = parts.objective.update(update_ctx, RoundRollouts(
-        round_index, chosen, candidates, task_prompt_ids(ctx, chosen), {t["task_id"]: ctx.messages(t) for t in chosen}))
+    update_stats = parts.objective.update(update_ctx, _round_rollouts(ctx, round_index, chosen, candidates))
     training_s = time.perf_counter() - started
 
-    level_rates = {int(level): rate for level, rate in stats["correct_rate_by_level"].items()}
+    # A multi-turn round judges the level by its trajectories: a kernel fixed in turn 2 is a success.
+    by_level = stats["multiturn"]["success_rate_by_level"] if multi_turn else stats["correct_rate_by_level"]
+    level_rates = {int(level): rate for level, rate in by_level.items()}
     movement = curriculum.update(round_index, {lvl: level_rates.get(lvl) for lvl in (1, 2, 3)})
     sampling_s = phase["sampling_s"]
     round_metrics = {
@@ -251,6 +272,12 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         print(f"[rl] round {round_index}: reward mean {stats['reward_mean']:.3f} (std {stats['reward_std']:.3f}), "
               f"{stats['correct']}/{stats['judged']} correct, {update_stats.get('train_steps', 0)} update step(s), "
               f"level-2 share next {curriculum.share_l2:.2f}", flush=True)
+        if multi_turn:
+            turns = stats["multiturn"]
+            print(f"[rl] round {round_index}: {100 * turns['success_rate']:.1f}% of {turns['trajectories']} trajectories "
+                  f"solved within {rl.max_turns} turns, {turns['average_turns_used']:.2f} turns used on average, "
+                  f"correct by turn " + ", ".join(f"{100 * e['correct_rate']:.0f}%" for e in turns["per_turn"].values())
+                  + f"; {turns['prompt_turns_dropped']} earlier turn(s) dropped from prompts", flush=True)
 
     def write_round_files(directory: Path) -> None:
         checkpoints.atomic_write_json(directory / CURRICULUM_FILE, curriculum.state_dict())

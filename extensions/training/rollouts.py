@@ -38,6 +38,12 @@ class Candidate:
     token_ids: list[int] = field(default_factory=list)  # as sampled, ending with EOS when it stopped
     logprobs: list[float] = field(default_factory=list)  # sampling policy's log-prob of each token
     score: Optional[float] = None  # the training reward (reward preset); None: the verifier's reward
+    # Multi-turn rounds (rl.max_turns > 1): which turn of trajectory (task_id, sample_index) this
+    # answer is, the chat prompt it was sampled from, and the earlier turns left out of that prompt.
+    turn: int = 1
+    prompt: Optional[list[dict]] = None  # None: the task's first prompt (single-turn rounds)
+    turns_dropped: int = 0
+    prompt_tokens: Optional[int] = None
 
     @property
     def reward(self) -> float:
@@ -48,6 +54,11 @@ class Candidate:
     @property
     def correct(self) -> bool:
         return bool(self.result.get("correct")) if self.result else False
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """(task_id, sample_index, turn): unique within a round."""
+        return self.task_id, self.sample_index, self.turn
 
 
 @dataclass
@@ -108,18 +119,20 @@ def task_prompt_ids(ctx: "RoundContext", tasks: Sequence[dict]) -> dict[str, lis
     return {t["task_id"]: row for t, row in zip(tasks, ids)}
 
 
-def _open_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], policy: str) -> CandidateLog:
+def open_round_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], policy: str) -> CandidateLog:
     candidate_log = CandidateLog(ctx.paths.rl_candidates_log(round_index))
     rl = ctx.cfg.rl
     # The logged log-probs hold only for the same sampling distribution.
     sampling = {"temperature": rl.temperature, "top_p": rl.top_p, "max_new_tokens": rl.max_new_tokens}
     header = {"type": "round", "round": round_index, "task_ids": [t["task_id"] for t in tasks], "policy": policy,
               "samples_per_task": rl.samples_per_task, "sampling": sampling, "prompt": ctx.prompts.describe()}
+    if rl.max_turns > 1:  # what decides the later turns' prompts
+        header["turns"] = {"max_turns": rl.max_turns, "max_prompt_tokens": ctx.cfg.prompt.max_prompt_tokens}
     if ctx.dist.is_main:
         existing = candidate_log.read()
-        if existing.header is not None and any(existing.header.get(k) != header[k] for k in ("task_ids", "policy", "samples_per_task", "sampling", "prompt")):
+        if existing.header is not None and any(existing.header.get(k) != header.get(k) for k in ("task_ids", "policy", "samples_per_task", "sampling", "prompt", "turns")):
             stale = candidate_log.set_aside()
-            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list, sampling setting or prompt; "
+            print(f"[rl] round {round_index}: candidate log belongs to another policy, task list, sampling setting, prompt or turn setting; "
                   f"moved to {stale}", flush=True)
             existing = candidate_log.read()
         if existing.header is None:
@@ -136,7 +149,7 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     """
     rl = ctx.cfg.rl
     n = rl.samples_per_task
-    candidate_log = _open_log(ctx, round_index, tasks, policy)
+    candidate_log = open_round_log(ctx, round_index, tasks, policy)
     contents = candidate_log.read()
     if ctx.dist.is_main and (contents.samples or contents.damaged_lines):
         print(f"[rl] round {round_index}: reusing {len(contents.samples)} sampled and {len(contents.verdicts)} judged "

@@ -24,6 +24,10 @@ def check_rl_settings(rl) -> None:
         problems.append(f"rl.clip_eps_high must be >= 0, got {rl.clip_eps_high}")
     if rl.beta < 0:
         problems.append(f"rl.beta must be >= 0, got {rl.beta}")
+    if rl.max_turns < 1:
+        problems.append(f"rl.max_turns must be >= 1, got {rl.max_turns}")
+    if not 0.0 <= rl.gamma <= 1.0:
+        problems.append(f"rl.gamma must be in [0, 1], got {rl.gamma}")
     if rl.reward_preset == "weights" and rl.reward_weights.speedup_saturation <= 0:
         problems.append("rl.reward_weights.speedup_saturation must be > 0")
     if problems:

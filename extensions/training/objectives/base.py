@@ -2,7 +2,7 @@
 and its statistics out. The round loop (``extensions.training.rl``) is the same for all of them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..rollouts import Candidate
@@ -18,6 +18,13 @@ class RoundRollouts:
     candidates: list[Candidate]  # every rank holds all of them, sorted by (task_id, sample_index)
     prompt_ids: dict[str, list[int]]  # task_id -> the rendered prompt the samples continue
     messages: dict[str, list[dict[str, str]]]  # task_id -> the chat messages of that prompt
+    # Multi-turn rounds: the rendered prompt each turn was sampled from, by Candidate.key.
+    turn_prompt_ids: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
+
+    def prompt_ids_for(self, candidate: Candidate) -> list[int]:
+        """The prompt ``candidate``'s tokens continue (its turn's, else its task's)."""
+        ids = self.turn_prompt_ids.get(candidate.key)
+        return ids if ids is not None else self.prompt_ids[candidate.task_id]
 
 
 @dataclass
@@ -49,12 +56,13 @@ class Objective:
 
 
 def groups_by_task(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
-    """The samples of each task (a GRPO/RLOO group), in sample order."""
+    """The samples of each task (a GRPO/RLOO group; in a multi-turn round every turn of every
+    trajectory of the task), in sample and turn order."""
     groups: dict[str, list[Candidate]] = {}
     for candidate in candidates:
         groups.setdefault(candidate.task_id, []).append(candidate)
     for group in groups.values():
-        group.sort(key=lambda c: c.sample_index)
+        group.sort(key=lambda c: (c.sample_index, c.turn))
     return groups
 
 

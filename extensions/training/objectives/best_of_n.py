@@ -1,14 +1,20 @@
 """Best-of-N expert iteration: per task the top ``top_k`` distinct samples with reward >=
 ``reward_threshold`` are kept, and the adapter is fine-tuned on them with the SFT loss for
 ``epochs_per_round`` epochs (accumulation shrinks when few were kept; with none, the adapter is
-unchanged that round)."""
+unchanged that round).
+
+In a multi-turn round the choice is among trajectories, by their final answer's reward, and the
+training example is the whole dialogue that final answer ended: the task's prompt, each of the
+model's own answers and the verifier's feedback on it, as the last turn was prompted. Loss falls on
+the model's own answers only (the task, feedback and any worked examples are masked), so it learns
+to refine as well as to answer."""
 from __future__ import annotations
 
 import dataclasses
 import time
 from typing import Any, Optional, Sequence
 
-from ..batching import tokenize_examples
+from ..batching import IGNORE_INDEX, DropReport, TokenizedExample, tokenize_examples
 from ..rollouts import Candidate
 from ..trainer import OptimSettings, StepPlan
 from .base import Objective, RoundRollouts, UpdateContext, group_statistics
@@ -39,6 +45,65 @@ def select_top_k(candidates: Sequence[Candidate], top_k: int, threshold: float) 
     return kept
 
 
+def final_turns(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The last turn of each trajectory (task, sample), in (task, sample) order."""
+    last: dict[tuple[str, int], Candidate] = {}
+    for candidate in candidates:
+        key = (candidate.task_id, candidate.sample_index)
+        if key not in last or candidate.turn > last[key].turn:
+            last[key] = candidate
+    return [last[key] for key in sorted(last)]
+
+
+def tokenize_dialogue(tokenizer, messages: list[dict], own_from: int) -> TokenizedExample:
+    """Tokens of a chat whose assistant messages from index ``own_from`` on are the model's own
+    answers: those (with their end-of-turn token) are the labels, everything else is masked.
+
+    The chat template renders each prefix of the dialogue; every prefix must be the start of the
+    next rendering (true of ChatML-style templates), so the pieces add up to the whole dialogue.
+    """
+    input_ids: list[int] = []
+    labels: list[int] = []
+    rendered = ""
+    own = [i for i in range(own_from, len(messages)) if messages[i]["role"] == "assistant"]
+    if not own:
+        raise ValueError("the dialogue holds no answer of the model's own")
+    for index in own:
+        for text, trained in ((tokenizer.apply_chat_template(messages[:index], tokenize=False, add_generation_prompt=True), False),
+                              (tokenizer.apply_chat_template(messages[:index + 1], tokenize=False, add_generation_prompt=False), True)):
+            if not text.startswith(rendered):
+                raise ValueError("the chat template renders earlier turns differently once later ones follow")
+            ids = tokenizer(text[len(rendered):], add_special_tokens=False)["input_ids"]
+            input_ids += ids
+            labels += list(ids) if trained else [IGNORE_INDEX] * len(ids)
+            rendered = text
+    return TokenizedExample(input_ids=input_ids, labels=labels)
+
+
+def tokenize_dialogues(tokenizer, kept: Sequence[Candidate], first_prompts: dict[str, list[dict]],
+                       max_seq_len: int) -> tuple[list[TokenizedExample], DropReport]:
+    """The kept final answers of a multi-turn round, each with the dialogue it ended."""
+    report = DropReport()
+    examples = []
+    for candidate in kept:
+        messages = [*(candidate.prompt or first_prompts[candidate.task_id]),
+                    {"role": "assistant", "content": candidate.text}]
+        if not candidate.text.strip():
+            report.add("with an empty completion")
+            continue
+        try:
+            example = tokenize_dialogue(tokenizer, messages, len(first_prompts[candidate.task_id]))
+        except Exception as exc:  # a malformed dialogue must not end the run
+            report.add(f"that failed to tokenize ({type(exc).__name__})")
+            continue
+        if len(example) > max_seq_len:
+            report.add(f"longer than max_seq_len={max_seq_len}")
+            continue
+        examples.append(example)
+        report.kept += 1
+    return examples, report
+
+
 def fit_plan(examples, settings: OptimSettings, seed: int, world_size: int) -> Optional[StepPlan]:
     """A plan for the kept candidates; accumulation shrinks when few were kept (None: too few)."""
     for accumulation in range(settings.gradient_accumulation_steps, 0, -1):
@@ -61,9 +126,14 @@ class BestOfN(Objective):
         from tqdm.auto import tqdm
 
         rl, dist, round_index = self.rl, ctx.dist, rollouts.round_index
-        kept = select_top_k(rollouts.candidates, rl.top_k, rl.reward_threshold)
-        examples, report = tokenize_examples(ctx.tokenizer, [(rollouts.messages[c.task_id], c.text) for c in kept],
-                                             self.max_seq_len, "kept candidates")
+        multi_turn = any(c.prompt is not None for c in rollouts.candidates)
+        if multi_turn:
+            kept = select_top_k(final_turns(rollouts.candidates), rl.top_k, rl.reward_threshold)
+            examples, report = tokenize_dialogues(ctx.tokenizer, kept, rollouts.messages, self.max_seq_len)
+        else:
+            kept = select_top_k(rollouts.candidates, rl.top_k, rl.reward_threshold)
+            examples, report = tokenize_examples(ctx.tokenizer, [(rollouts.messages[c.task_id], c.text) for c in kept],
+                                                 self.max_seq_len, "kept candidates")
         if report.dropped and dist.is_main:
             print(f"[rl] round {round_index}: {report.summary('kept candidates')}", flush=True)
         plan = fit_plan(examples, ctx.trainer.settings, seed=ctx.cfg.run.seed + round_index, world_size=dist.world_size) if examples else None

@@ -33,5 +33,5 @@ class GRPO(TokenObjective):
         advantage = {}
         for group in groups_by_task(candidates).values():
             for c, a in zip(group, grpo_advantages([c.reward for c in group], scale=self.rl.scale_advantages)):
-                advantage[(c.task_id, c.sample_index)] = a
-        return [advantage[(c.task_id, c.sample_index)] for c in candidates]
+                advantage[c.key] = a
+        return [advantage[c.key] for c in candidates]

@@ -51,7 +51,7 @@ class TokenObjective(Objective):
     def update(self, ctx: UpdateContext, rollouts: RoundRollouts) -> dict[str, Any]:
         candidates = rollouts.candidates
         weights = self.sample_weights(candidates)
-        sequences = [TrainSequence(rollouts.prompt_ids[c.task_id], c.token_ids, c.logprobs, w)
+        sequences = [TrainSequence(rollouts.prompt_ids_for(c), c.token_ids, c.logprobs, w)
                      for c, w in zip(candidates, weights) if w != 0.0 and c.token_ids]
         stats: dict[str, Any] = {**group_statistics(candidates), "zero_weight_samples": len(candidates) - len(sequences),
                                  "trained_samples": len(sequences)}

@@ -32,5 +32,5 @@ class RLOO(TokenObjective):
         advantage = {}
         for group in groups_by_task(candidates).values():
             for c, a in zip(group, rloo_advantages([c.reward for c in group])):
-                advantage[(c.task_id, c.sample_index)] = a
-        return [advantage[(c.task_id, c.sample_index)] for c in candidates]
+                advantage[c.key] = a
+        return [advantage[c.key] for c in candidates]

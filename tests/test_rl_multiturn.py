@@ -1,0 +1,275 @@
+"""Multi-turn RL rounds (rl.max_turns > 1): discounted returns and the advantages they feed, whole
+dialogues as Best-of-N targets, a round on the tiny model that refines on feedback with every turn
+logged and counted, and a round SIGKILLed mid-turn that resumes without sampling or judging a
+logged turn again."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from extensions.paths import RunPaths
+from extensions.training.objectives.best_of_n import final_turns, select_top_k, tokenize_dialogue
+from extensions.training.objectives.policy_gradient import TokenObjective
+from extensions.training.rollouts import Candidate
+from extensions.training.turn_rollouts import with_discounted_returns
+from extensions.verify.result import VerifyResult
+
+HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
+
+
+def _turn(task: str, sample: int, turn: int, score: float) -> Candidate:
+    return Candidate(task, 1, sample, f"{task}-{sample}-{turn}", {"reward": score, "correct": score == 1.0,
+                                                                   "stage": "full" if score == 1.0 else "compile"},
+                     score=score, turn=turn, prompt=[{"role": "user", "content": task}])
+
+
+# Three trajectories: a#0 fixed in turn 3, a#1 never fixed, b#0 right at once (listed out of order).
+TURNS = [_turn("a", 0, 3, 1.0), _turn("a", 0, 1, 0.3), _turn("a", 1, 1, 0.0), _turn("a", 0, 2, 0.3),
+         _turn("b", 0, 1, 1.0), _turn("a", 1, 2, 0.5)]
+
+
+def test_each_turn_trains_on_its_discounted_return():
+    returns = {c.key: c.reward for c in with_discounted_returns(TURNS, gamma=0.4)}
+    assert returns == pytest.approx({
+        ("a", 0, 1): 0.3 + 0.4 * 0.3 + 0.16 * 1.0,  # 0.58
+        ("a", 0, 2): 0.3 + 0.4 * 1.0,               # 0.7
+        ("a", 0, 3): 1.0,
+        ("a", 1, 1): 0.0 + 0.4 * 0.5,               # 0.2
+        ("a", 1, 2): 0.5,
+        ("b", 0, 1): 1.0,
+    })
+    assert [c.reward for c in with_discounted_returns(TURNS, gamma=0.0)] == [c.reward for c in TURNS]
+    with pytest.raises(ValueError, match="a#0 has turns \\[1, 3\\]"):
+        with_discounted_returns([TURNS[0], TURNS[1]], gamma=0.4)
+
+
+# deviations from 0.596: -0.016, 0.104, 0.404, -0.396, -0.096; sample std over 5 - 1
+GROUP_A_STD = ((0.016**2 + 0.104**2 + 0.404**2 + 0.396**2 + 0.096**2) / 4) ** 0.5
+
+
+@pytest.mark.parametrize("algorithm, expected", [
+    # group a: returns 0.58, 0.7, 1.0 (a#0) and 0.2, 0.5 (a#1); mean 0.596; b alone: no spread.
+    ("rloo", {("a", 0, 1): 0.58 - (0.7 + 1.0 + 0.2 + 0.5) / 4, ("a", 0, 2): 0.7 - (0.58 + 1.0 + 0.2 + 0.5) / 4,
+              ("a", 0, 3): 1.0 - (0.58 + 0.7 + 0.2 + 0.5) / 4, ("a", 1, 1): 0.2 - (0.58 + 0.7 + 1.0 + 0.5) / 4,
+              ("a", 1, 2): 0.5 - (0.58 + 0.7 + 1.0 + 0.2) / 4, ("b", 0, 1): 0.0}),
+    ("reward_weighted", {("a", 0, 1): 0.58 / (3.98 / 6), ("a", 0, 2): 0.7 / (3.98 / 6), ("a", 0, 3): 1.0 / (3.98 / 6),
+                         ("a", 1, 1): 0.2 / (3.98 / 6), ("a", 1, 2): 0.5 / (3.98 / 6), ("b", 0, 1): 1.0 / (3.98 / 6)}),
+    ("grpo", {key: (value - 0.596) / (GROUP_A_STD + 1e-4) for key, value in {
+        ("a", 0, 1): 0.58, ("a", 0, 2): 0.7, ("a", 0, 3): 1.0, ("a", 1, 1): 0.2, ("a", 1, 2): 0.5}.items()}
+     | {("b", 0, 1): 0.0}),
+])
+def test_policy_gradient_advantages_take_the_turn_returns(algorithm, expected):
+    """Every turn is a sample of its task's group, and its reward is its return."""
+    from extensions.config import PipelineConfig
+    from extensions.training.objectives import make_objective
+
+    cfg = PipelineConfig()
+    cfg.rl.algorithm, cfg.rl.samples_per_task = algorithm, 2
+    objective = make_objective(cfg)
+    assert isinstance(objective, TokenObjective)
+    candidates = with_discounted_returns(TURNS, gamma=0.4)
+    weights = dict(zip((c.key for c in candidates), objective.sample_weights(candidates)))
+    assert weights == pytest.approx(expected, rel=1e-4)
+
+
+def test_best_of_n_keeps_final_kernels_and_trains_on_own_turns_only():
+    from extensions.prompts import build_messages
+    from extensions.training.tiny import build_tiny_tokenizer
+
+    finals = final_turns(TURNS)
+    assert [c.key for c in finals] == [("a", 0, 3), ("a", 1, 2), ("b", 0, 1)]
+    assert [c.key for c in select_top_k(finals, top_k=1, threshold=0.3)] == [("a", 0, 3), ("b", 0, 1)]
+
+    tokenizer = build_tiny_tokenizer()
+    task = build_messages("class Model: pass")  # holds a worked example: an assistant turn not of the model's own
+    dialogue = [*task, {"role": "assistant", "content": "first try"},
+                {"role": "user", "content": "Verifier result: compile error"},
+                {"role": "assistant", "content": "second try"}]
+    example = tokenize_dialogue(tokenizer, dialogue, own_from=len(task))
+    whole = tokenizer.apply_chat_template(dialogue, tokenize=False)
+    assert tokenizer.decode(example.input_ids) == whole
+    trained = [token for token, label in zip(example.input_ids, example.labels) if label != -100]
+    assert tokenizer.decode(trained) == "first try<|im_end|>\nsecond try<|im_end|>\n"
+    # One answer after the task: exactly the single-turn example SFT and Best-of-N have always used.
+    from extensions.training.batching import tokenize_example
+
+    single = tokenize_example(tokenizer, task, "only try")
+    assert tokenize_dialogue(tokenizer, [*task, {"role": "assistant", "content": "only try"}], len(task)) == single
+
+
+# -- whole rounds on the tiny model ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from extensions.training.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+class ScriptedVerifier:
+    """Sample 0 of every task is fixed in turn 2; every other answer fails with a numerical mismatch.
+    Records what it judged."""
+
+    def __init__(self):
+        self.labels: list[str] = []
+
+    def __call__(self, items):
+        results = []
+        for _code, _text, label in items:
+            self.labels.append(label)
+            if label.endswith("/0/turn2"):
+                results.append(VerifyResult(candidate=label, correct=True, stage="full", reward=1.0))
+            else:
+                results.append(VerifyResult(candidate=label, stage="tiny", reward=0.2, error="full: values differ",
+                                            error_category="numerical_mismatch", details={"mismatch": "values"}))
+        return results
+
+
+def _config(root: Path, model_dir: Path, extra=()):
+    from extensions.config import load_config
+    from extensions.training.tiny import tiny_rl_tasks
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [
+        f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
+        "rl.num_rounds=1", "rl.tasks_per_round=2", "rl.samples_per_task=3", "rl.max_new_tokens=6",
+        "rl.generation_batch_size=4", "rl.verify_chunk_size=4", "rl.per_device_batch_size=4", "prompt.mode=plain",
+        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=8192", "lora.r=4",
+        "rl.init=base", "rl.max_turns=3", "rl.temperature=1.0", *extra,
+    ])
+    paths = RunPaths.from_config(cfg)
+    paths.processed.mkdir(parents=True, exist_ok=True)
+    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(2, levels=(1,))))
+    return cfg, paths
+
+
+def _records(path: Path) -> list[dict]:
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a line torn by a kill
+    return rows
+
+
+def test_round_refines_on_feedback_logs_every_turn_and_reports_metrics(tmp_path, model_dir):
+    from extensions.training.rl import run_rl
+
+    # A budget no prompt meets: every refinement prompt keeps only the latest earlier turn.
+    cfg, paths = _config(tmp_path, model_dir, ["rl.algorithm=grpo", "prompt.max_prompt_tokens=1"])
+    verifier = ScriptedVerifier()
+    assert run_rl(cfg, progress=False, verify_fn=verifier).status == "finished"
+
+    records = _records(paths.rl_candidates_log(1))
+    assert records[0]["turns"] == {"max_turns": 3, "max_prompt_tokens": 1}
+    samples = {(r["task_id"], r["sample_index"], r["turn"]): r for r in records if r["type"] == "sample"}
+    verdicts = [(r["task_id"], r["sample_index"], r["turn"]) for r in records if r["type"] == "verdict"]
+    # sample 0 stops once correct (turn 2); samples 1 and 2 use all three turns
+    assert sorted(samples) == sorted(verdicts) and len(verdicts) == len(set(verdicts)) == 2 * (2 + 3 + 3)
+    assert sorted(verifier.labels) == sorted(f"r1/{t}/{i}/turn{n}" for t, i, n in samples)
+    task = samples[(records[0]["task_ids"][0], 1, 1)]
+    first_prompt = task["prompt"]
+    second = samples[(records[0]["task_ids"][0], 1, 2)]
+    third = samples[(records[0]["task_ids"][0], 1, 3)]
+    assert second["prompt"][:len(first_prompt)] == first_prompt
+    assert second["prompt"][len(first_prompt)] == {"role": "assistant", "content": task["text"]}
+    assert "numerical mismatch" in second["prompt"][-1]["content"] and second["turns_dropped"] == 0
+    # turn 3 shows turn 2's answer and feedback only: turn 1 was dropped to save tokens
+    assert third["turns_dropped"] == 1 and third["prompt"][len(first_prompt)]["content"] == second["text"]
+    assert len(third["prompt"]) == len(first_prompt) + 2
+    assert all(len(r["token_ids"]) == len(r["logprobs"]) > 0 for r in samples.values())
+
+    round_row = [json.loads(line) for line in paths.metrics_log("rl").read_text().splitlines()
+                 if json.loads(line)["kind"] == "round"][-1]
+    turns = round_row["multiturn"]
+    assert turns["trajectories"] == 6 and turns["success_rate"] == pytest.approx(2 / 6)
+    assert turns["average_turns_used"] == pytest.approx((2 + 3 + 3) / 3)
+    assert {t: e["answered"] for t, e in turns["per_turn"].items()} == {"1": 6, "2": 6, "3": 4}
+    assert turns["per_turn"]["2"]["correct_rate"] == pytest.approx(2 / 6)
+    assert turns["per_turn"]["3"]["correct_rate"] == 0.0 and turns["per_turn"]["1"]["compile_rate"] == 1.0
+    assert [turns["per_turn"][t]["solved_share"] for t in "123"] == pytest.approx([0.0, 2 / 6, 2 / 6])
+    assert turns["best_stage_share"]["full"] == pytest.approx(2 / 6)
+    assert turns["prompt_turns_dropped"] == 4  # the four turn-3 prompts
+    assert turns["prompts_over_budget"] == 16
+    assert round_row["candidates"] == 16 and round_row["trained_samples"] == 16  # every turn is a sample
+    assert sum(round_row["advantage_histogram"]["counts"]) == 16
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(paths.tensorboard("rl")))
+    events.Reload()
+    assert "round/multiturn/success_rate" in events.Tags()["scalars"]
+    assert "round/multiturn/per_turn/2/correct_rate" in events.Tags()["scalars"]
+
+
+def test_best_of_n_round_trains_on_the_kept_dialogues(tmp_path, model_dir):
+    from extensions.training.rl import run_rl
+
+    cfg, paths = _config(tmp_path, model_dir, ["rl.algorithm=best_of_n", "rl.top_k=1", "rl.reward_threshold=0.5"])
+    assert run_rl(cfg, progress=False, verify_fn=ScriptedVerifier()).status == "finished"
+    row = json.loads((paths.rl_round(1) / "round_metrics.json").read_text())
+    # one fixed trajectory per task is kept, each trained as its two-answer dialogue
+    assert row["kept"] == 2 and row["kept_tasks"] == 2 and row["train_examples"] == 2 and row["train_steps"] >= 1
+
+
+# -- SIGKILL mid-round, then resume ------------------------------------------------------------------------
+def _kill_when(args, env, ready, timeout: float = 240.0) -> None:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        end = time.time() + timeout
+        while time.time() < end and proc.poll() is None and not ready():
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _turn_keys(records: list[dict], kind: str) -> list[tuple]:
+    return [(r["task_id"], r["sample_index"], r["turn"]) for r in records if r.get("type") == kind]
+
+
+def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_path, model_dir):
+    paths = RunPaths(tmp_path / "run")
+    log_path = paths.rl_candidates_log(1)
+    calls = tmp_path / "calls.jsonl"
+    args = [sys.executable, str(HELPER), str(paths.root), str(model_dir)]
+    for item in ("rl.num_rounds=1", "rl.max_turns=3", "rl.generation_batch_size=4", "rl.verify_chunk_size=4",
+                 "rl.algorithm=grpo"):
+        args += ["--set", item]
+    env = {**os.environ, "RL_SYNTHETIC_CALLS": str(calls)}
+
+    def in_turn_two() -> bool:
+        return log_path.is_file() and '"turn": 2' in log_path.read_text()
+
+    _kill_when(args, env, in_turn_two)
+    before = _records(log_path)
+    sampled_before, judged_before = set(_turn_keys(before, "sample")), set(_turn_keys(before, "verdict"))
+    assert len({k for k in judged_before if k[2] == 1}) == 32  # turn 1 was finished, turn 2 begun
+    assert not (paths.rl_round(1) / "manifest.json").exists()
+    calls.unlink()
+
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reusing" in done.stdout
+    after = _records(log_path)
+    new = after[len(before):]
+    new_samples, new_verdicts = _turn_keys(new, "sample"), _turn_keys(new, "verdict")
+    assert new_samples and not set(new_samples) & sampled_before and not set(new_verdicts) & judged_before
+    resumed_calls = [json.loads(line) for line in calls.read_text().splitlines()]
+    judged_now = [tuple(c["key"]) for c in resumed_calls if c["call"] == "judge"]
+    assert sorted(judged_now) == sorted(new_verdicts)  # the judge saw exactly what was not yet logged
+    assert sum(c["sequences"] for c in resumed_calls if c["call"] == "sample") == len(new_samples)
+    # the round is whole: 4 tasks x 8 trajectories x 3 turns (the synthetic judge never says correct)
+    everything = _turn_keys(after, "sample")
+    assert len(set(everything)) == len(everything) == 96 and len(set(_turn_keys(after, "verdict"))) == 96
+    metrics = json.loads((paths.rl_round(1) / "round_metrics.json").read_text())
+    assert metrics["multiturn"]["average_turns_used"] == 3.0 and metrics["candidates"] == 96
