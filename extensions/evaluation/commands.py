@@ -23,8 +23,9 @@ from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
+from .generation_cache import model_identity, task_code_hash
 from .turns import (build_trajectories, format_turn_table, model_callables, plot_turn_curves,
-                    run_turns_evaluation, turns_block)
+                    restore_trajectories, run_turns_evaluation, turns_block)
 
 EXIT_OK, EXIT_VERIFIER_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 COMPARED_MODELS = ("base", "sft", "rl")
@@ -198,11 +199,15 @@ def evaluate_model_turns(cfg, *, name: str, model_path: str, tasks: list[EvalTas
     resolved = resolve_device(device, cfg.verifier)
     generate, verify, count_tokens = model_callables(model_path, cfg.model, settings, cfg.verifier, resolved,
                                                      progress)
-    header = {"model_path": model_path, "sampling": settings.sampling_key(), "prompt": prompts.describe(),
-              "turns": turns, "max_prompt_tokens": cfg.prompt.max_prompt_tokens}
+    header = {"model_path": model_path, "model": model_identity(model_path, cfg.model),
+              "sampling": settings.sampling_key(), "prompt": prompts.describe(), "turns": turns,
+              "max_prompt_tokens": cfg.prompt.max_prompt_tokens,
+              "tasks": {task.task_id: task_code_hash(task) for task in tasks}}
     trajectories_path = outputs.trajectories(name)
+    trajectories = build_trajectories(tasks, settings.samples_per_task, prompts)
+    restore_trajectories(trajectories_path, trajectories, header, turns)
     outcome = run_turns_evaluation(
-        tasks, build_trajectories(tasks, settings.samples_per_task, prompts), generate=generate, verify=verify,
+        tasks, trajectories, generate=generate, verify=verify,
         count_tokens=count_tokens, turns=turns, max_prompt_tokens=cfg.prompt.max_prompt_tokens,
         trajectories_path=trajectories_path, header=header)
     report = build_report(
@@ -306,7 +311,6 @@ def comparison_inputs(cfg, paths: RunPaths) -> dict[str, Any]:
     content); compare.json records it so the pipeline redoes a comparison made of other inputs."""
     from ..config.fingerprint import stage_fingerprint
     from ..stage_freshness import file_sha256
-    from .generation_cache import model_identity
 
     return {
         "eval": stage_fingerprint(cfg, "eval"),

@@ -6,7 +6,10 @@ Metrics are given per turn t, over the verdicts standing after t turns (a trajec
 rate, fast_1, pass@k, the share of tasks solved by turn t, and the rates of the answers given in turn
 t itself. The report's main ``metrics`` are those after the last turn, so single-turn consumers
 (summaries, comparisons) read a multi-turn report unchanged. Every turn's response, verdict and
-feedback is written to ``trajectories_NAME.jsonl`` after each turn.
+feedback is written to ``trajectories_NAME.jsonl`` after each turn. A later run of the same model
+(by content), sampling and prompt settings picks the saved turns up (``restore_trajectories``):
+an evaluation interrupted in turn t goes on from turn t, without sampling or judging turns 1..t-1
+again; trajectories of tasks whose code changed start over.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..multiturn import Trajectory, TurnStats, run_turns
+from ..multiturn import Trajectory, Turn, TurnStats, run_turns
+from ..verify.result import VerifyResult
 from .metrics import compute_metrics
 from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord
 from .runner import EvalSettings, VerificationError, VerificationOutcome, reference_failure
@@ -37,6 +41,59 @@ class TurnsOutcome:
 def build_trajectories(tasks: Sequence[EvalTask], samples_per_task: int, prompts) -> list[Trajectory]:
     return [Trajectory(f"{task.task_id}#{sample}", task.code, prompts.messages(task.code, task.task_id))
             for task in tasks for sample in range(samples_per_task)]
+
+
+# Header entries that decide what a trajectory's turns are; ``turns`` (how many) may differ.
+RESUME_KEYS = ("model", "sampling", "prompt", "max_prompt_tokens")
+
+
+def restore_trajectories(path: Path, trajectories: Sequence[Trajectory], header: dict, turns: int,
+                         log=print) -> int:
+    """Give ``trajectories`` the turns (up to ``turns``) a previous run saved in ``path`` under the same
+    model, settings and task code; returns how many turns were restored. A file made by another model
+    or with other settings is kept as ``<name>.old``."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    saved_header, rows = _read_trajectories(path)
+    if saved_header is None or any(saved_header.get(key) != header.get(key) for key in RESUME_KEYS):
+        old = path.with_name(path.name + ".old")
+        os.replace(path, old)
+        log(f"{path} was made by another model or with other settings; moved to {old}, starting anew")
+        return 0
+    saved_codes, codes = saved_header.get("tasks") or {}, header.get("tasks") or {}
+    by_key = {t.key: t for t in trajectories}
+    restored = 0
+    for row in rows:
+        trajectory = by_key.get(f"{row.get('task_id')}#{row.get('sample')}")
+        task_id = row.get("task_id")
+        if trajectory is None or trajectory.turns or saved_codes.get(task_id) != codes.get(task_id):
+            continue
+        for saved in (row.get("turns") or [])[:turns]:
+            result = VerifyResult.from_dict(saved["result"])
+            trajectory.turns.append(Turn(saved["response"], result, saved["feedback"], saved.get("prompt_tokens"),
+                                         int(saved.get("turns_dropped", 0))))
+            restored += 1
+            if result.correct:
+                break
+    if restored:
+        log(f"reusing {restored} saved turn(s) of {sum(bool(t.turns) for t in trajectories)} trajectories from {path}")
+    return restored
+
+
+def _read_trajectories(path: Path) -> tuple[Optional[dict], list[dict]]:
+    header, rows = None, []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # written whole by a rename, so only a hand-edited file has such a line
+            if number == 0 and isinstance(record, dict) and "header" in record:
+                header = record["header"]
+            elif isinstance(record, dict) and isinstance(record.get("turns"), list):
+                rows.append(record)
+    return header, rows
 
 
 def _write_trajectories(path: Path, trajectories: Sequence[Trajectory], header: dict) -> None:
@@ -82,10 +139,12 @@ def model_callables(model_path: str, model_cfg, settings: EvalSettings, verifier
 def run_turns_evaluation(tasks: Sequence[EvalTask], trajectories: list[Trajectory], *, generate, verify,
                          count_tokens, turns: int, max_prompt_tokens: Optional[int], trajectories_path: Path,
                          header: dict) -> TurnsOutcome:
-    """Run the trajectories for ``turns`` turns and group their verdicts per task and per turn."""
+    """Run the trajectories for ``turns`` turns (continuing the turns they hold) and group their
+    verdicts per task and per turn."""
     stats = run_turns(trajectories, generate, verify, turns, max_prompt_tokens=max_prompt_tokens,
                       count_tokens=count_tokens,
                       on_turn=lambda _turn, _live: _write_trajectories(trajectories_path, trajectories, header))
+    _write_trajectories(trajectories_path, trajectories, header)  # also when every turn was restored
     by_task: dict[str, list[Trajectory]] = {}
     for trajectory in trajectories:
         by_task.setdefault(trajectory.key.rsplit("#", 1)[0], []).append(trajectory)
