@@ -36,6 +36,7 @@ class TurnsOutcome:
     turn_stats: list[TurnStats]
     verification: VerificationOutcome
     per_turn_records: list[list[TaskRecord]] = field(default_factory=list)
+    max_prompt_tokens: Optional[int] = None
 
 
 def build_trajectories(tasks: Sequence[EvalTask], samples_per_task: int, prompts) -> list[Trajectory]:
@@ -159,7 +160,7 @@ def run_turns_evaluation(tasks: Sequence[EvalTask], trajectories: list[Trajector
             kept_tasks.append(task)
     per_turn = [_records_by_turn(kept_tasks, by_task, turn) for turn in range(1, turns + 1)]
     outcome.records = per_turn[-1]
-    return TurnsOutcome(trajectories, stats, outcome, per_turn)
+    return TurnsOutcome(trajectories, stats, outcome, per_turn, max_prompt_tokens)
 
 
 def _records_by_turn(tasks: Sequence[EvalTask], by_task: dict[str, list[Trajectory]], turn: int) -> list[TaskRecord]:
@@ -196,6 +197,7 @@ def turns_block(outcome: TurnsOutcome, timing: bool, no_timing_reason: str) -> d
             "prompt_rounds_dropped": sum(a.turns_dropped for a in answered),
         })
     used = [len(t.turns) for t in trajectories]
+    budget = outcome.max_prompt_tokens
     best_reward = [max((turn.result.reward for turn in t.turns), default=0.0) for t in trajectories]
     return {
         "max_turns": len(outcome.per_turn_records),
@@ -204,8 +206,11 @@ def turns_block(outcome: TurnsOutcome, timing: bool, no_timing_reason: str) -> d
         "success_rate": _share(trajectories, lambda t: t.solved),
         "average_turns_used": sum(used) / len(used) if used else None,
         "mean_best_reward": sum(best_reward) / len(best_reward) if best_reward else None,
-        "prompt_rounds_dropped": sum(s.rounds_dropped for s in outcome.turn_stats),
-        "prompts_over_budget": sum(s.prompts_over_budget for s in outcome.turn_stats),
+        # from the trajectories, not this run's turn statistics: a resumed run restored some turns
+        "prompt_rounds_dropped": sum(turn.turns_dropped for t in outcome.trajectories for turn in t.turns),
+        "prompts_over_budget": sum(1 for t in outcome.trajectories for turn in t.turns
+                                   if budget is not None and turn.prompt_tokens is not None
+                                   and turn.prompt_tokens > budget),
     }
 
 
