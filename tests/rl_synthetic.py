@@ -7,7 +7,8 @@ with the verifier, minus the verifier's cost.
 
     python tests/rl_synthetic.py RUN_ROOT MODEL_DIR [--set section.key=value ...]
 
-With ``RL_SYNTHETIC_CALLS=FILE`` every judged candidate (its label's task, sample and turn) and
+With ``RL_SYNTHETIC_SOLVING_RANK=R`` the judge of rank R (``RANK``, 0 without a launcher) calls every
+candidate correct. With ``RL_SYNTHETIC_CALLS=FILE`` every judged candidate (its label's task, sample and turn) and
 every sampling call (its sequence count) is appended to FILE, so a test can tell what a run did.
 """
 from __future__ import annotations
@@ -35,6 +36,12 @@ def judge_nothing(items):
     from extensions.verify.result import VerifyResult
 
     return [VerifyResult(candidate=label) for _code, _text, label in items]
+
+
+def judge_all_correct(items):
+    from extensions.verify.result import VerifyResult
+
+    return [VerifyResult(candidate=label, correct=True, stage="full", reward=1.0) for _code, _text, label in items]
 
 
 def record_calls(path: Path, judge):
@@ -90,6 +97,8 @@ def round_rewards(cfg) -> list[float]:
 def main(argv=None) -> int:
     import torch
 
+    from extensions.interrupt import SaveSignal
+    from extensions.paths import RunPaths
     from extensions.training.rl import run_rl
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -97,10 +106,14 @@ def main(argv=None) -> int:
     overrides = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "--set"]
     torch.set_num_threads(1)  # the same reduction order in every process, for exact comparisons
     judge = judge_nothing
+    if os.environ.get("RL_SYNTHETIC_SOLVING_RANK", "-1") == os.environ.get("RANK", "0"):
+        judge = judge_all_correct
     if os.environ.get("RL_SYNTHETIC_CALLS"):
         judge = record_calls(Path(os.environ["RL_SYNTHETIC_CALLS"]), judge)
-    outcome = run_rl(synthetic_config(root, model_dir, overrides), progress=False, verify_fn=judge,
-                     score_fn=vowel_reward)
+    cfg = synthetic_config(root, model_dir, overrides)
+    # As the stage runs for real: the ranks agree on save and stop requests at every check.
+    outcome = run_rl(cfg, save_signal=SaveSignal.for_run(RunPaths.from_config(cfg)), progress=False,
+                     verify_fn=judge, score_fn=vowel_reward)
     print(f"outcome {outcome.status}", flush=True)
     return 0
 

@@ -242,8 +242,8 @@ def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_p
     log_path = paths.rl_candidates_log(1)
     calls = tmp_path / "calls.jsonl"
     args = [sys.executable, str(HELPER), str(paths.root), str(model_dir)]
-    for item in ("rl.num_rounds=1", "rl.max_turns=3", "rl.generation_batch_size=4", "rl.verify_chunk_size=4",
-                 "rl.algorithm=grpo"):
+    for item in ("rl.num_rounds=1", "rl.max_turns=3", "rl.samples_per_task=4", "rl.generation_batch_size=4",
+                 "rl.verify_chunk_size=4", "rl.algorithm=grpo"):
         args += ["--set", item]
     env = {**os.environ, "RL_SYNTHETIC_CALLS": str(calls)}
 
@@ -253,7 +253,7 @@ def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_p
     _kill_when(args, env, in_turn_two)
     before = _records(log_path)
     sampled_before, judged_before = set(_turn_keys(before, "sample")), set(_turn_keys(before, "verdict"))
-    assert len({k for k in judged_before if k[2] == 1}) == 32  # turn 1 was finished, turn 2 begun
+    assert len({k for k in judged_before if k[2] == 1}) == 16  # turn 1 was finished, turn 2 begun
     assert not (paths.rl_round(1) / "manifest.json").exists()
     calls.unlink()
 
@@ -268,8 +268,8 @@ def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_p
     judged_now = [tuple(c["key"]) for c in resumed_calls if c["call"] == "judge"]
     assert sorted(judged_now) == sorted(new_verdicts)  # the judge saw exactly what was not yet logged
     assert sum(c["sequences"] for c in resumed_calls if c["call"] == "sample") == len(new_samples)
-    # the round is whole: 4 tasks x 8 trajectories x 3 turns (the synthetic judge never says correct)
+    # the round is whole: 4 tasks x 4 trajectories x 3 turns (the synthetic judge never says correct)
     everything = _turn_keys(after, "sample")
-    assert len(set(everything)) == len(everything) == 96 and len(set(_turn_keys(after, "verdict"))) == 96
+    assert len(set(everything)) == len(everything) == 48 and len(set(_turn_keys(after, "verdict"))) == 48
     metrics = json.loads((paths.rl_round(1) / "round_metrics.json").read_text())
-    assert metrics["multiturn"]["average_turns_used"] == 3.0 and metrics["candidates"] == 96
+    assert metrics["multiturn"]["average_turns_used"] == 3.0 and metrics["candidates"] == 48
