@@ -104,6 +104,18 @@ def test_best_of_n_keeps_final_kernels_and_trains_on_own_turns_only():
     assert tokenize_dialogue(tokenizer, [*task, {"role": "assistant", "content": "only try"}], len(task)) == single
 
 
+@pytest.mark.parametrize("key, value, message", [("max_turns", 0, "rl.max_turns must be >= 1, got 0"),
+                                                 ("gamma", 1.5, "rl.gamma must be in \\[0, 1\\], got 1.5")])
+def test_unusable_turn_settings_are_refused_by_name(key, value, message):
+    from extensions.config import PipelineConfig
+    from extensions.training.objectives import make_objective
+
+    cfg = PipelineConfig()
+    setattr(cfg.rl, key, value)
+    with pytest.raises(ValueError, match=message):
+        make_objective(cfg)
+
+
 # -- whole rounds on the tiny model ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

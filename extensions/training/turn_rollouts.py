@@ -48,12 +48,11 @@ class RoundTrajectories:
                 trajectory = Trajectory(f"{task['task_id']}#{sample}", task["code"], first_prompt)
                 self.owner[trajectory.key] = (task["task_id"], sample)
                 self.trajectories.append(trajectory)
-        self.by_owner = {owner: t for t in self.trajectories for owner in [self.owner[t.key]]}
+        self.by_owner = {self.owner[t.key]: t for t in self.trajectories}
         self.sampled: dict[TurnKey, dict] = {}  # this round's turns: text, token ids, log-probs, prompt
         self.verdicts: dict[TurnKey, dict] = {}
         self.current: list[TurnKey] = []  # keys of the turn being run, in the driver's order
-        self.stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0, "reused_turns": 0,
-                      "reused_verdicts": 0}
+        self.stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0}
         self.checks = 0
 
     # -- resuming ------------------------------------------------------------------------------------------
@@ -94,7 +93,6 @@ class RoundTrajectories:
             record = self.logged_samples.get(key)
             if record is not None and _has_sequence(record) and record.get("prompt") == messages:
                 self.sampled[key] = record  # sampled before the interruption, from this very prompt
-                self.stats["reused_turns"] += 1
             else:
                 missing.append((key, messages))
         started = time.perf_counter()
@@ -138,7 +136,6 @@ class RoundTrajectories:
             logged = self.logged_verdicts.get(key)
             if key not in self.verdicts and logged is not None and self.logged_samples.get(key) is self.sampled[key]:
                 self.verdicts[key] = logged  # judged before the interruption, this very text
-                self.stats["reused_verdicts"] += 1
             if key not in self.verdicts:
                 pending.append(key)
         code_of = {t.key: t.task_code for t in self.trajectories}
@@ -201,7 +198,7 @@ def collect_trajectories(ctx: RoundContext, model, round_index: int, tasks: Sequ
     """Every turn of every trajectory of the round (reusing the log), gathered on all ranks.
 
     Returns the candidates, one per turn, sorted by (task, sample, turn), and the phase statistics
-    (seconds sampling and verifying, tokens sampled in this process run, turns reused from the log).
+    (seconds sampling and verifying, tokens sampled in this process run).
     """
     rl = ctx.cfg.rl
     log = rollouts.open_round_log(ctx, round_index, tasks, policy)
@@ -221,7 +218,6 @@ def collect_trajectories(ctx: RoundContext, model, round_index: int, tasks: Sequ
     gathered.sort(key=lambda c: c.key)
     stats = dict(state.stats)
     stats["sampled_tokens"] = int(ctx.dist.sum([float(stats["sampled_tokens"])])[0])
-    stats["reused_turns"] += restored
     return gathered, stats
 
 
