@@ -75,8 +75,8 @@ def rl_activity(paths: RunPaths) -> RLActivity:
         verdicts: dict[tuple, dict] = {}
         for row in _json_rows(log, activity):
             if row.get("type") == "verdict" and isinstance(row.get("result"), dict):
-                # A resumed round may log a verdict again: the last one per sample counts.
-                verdicts[(row.get("task_id"), row.get("sample_index"), row.get("sha1"))] = row["result"]
+                # A resumed round may log a verdict again: the last one per sample (per turn) counts.
+                verdicts[(row.get("task_id"), row.get("sample_index"), row.get("turn"), row.get("sha1"))] = row["result"]
         for result in verdicts.values():
             activity.candidates_judged += 1
             stage = result.get("stage")
