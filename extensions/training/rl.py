@@ -43,9 +43,9 @@ from .round_stats import multiturn_statistics, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
 from .saving import file_fingerprint, save_adapter_checkpoint
-from .turn_rollouts import collect_trajectories, with_discounted_returns
 from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
+from .turn_rollouts import collect_trajectories, with_discounted_returns
 
 CURRICULUM_FILE = "curriculum.json"
 ROUND_METRICS_FILE = "round_metrics.json"
@@ -276,7 +276,7 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
             turns = stats["multiturn"]
             print(f"[rl] round {round_index}: {100 * turns['success_rate']:.1f}% of {turns['trajectories']} trajectories "
                   f"solved within {rl.max_turns} turns, {turns['average_turns_used']:.2f} turns used on average, "
-                  f"correct by turn " + ", ".join(f"{100 * e['correct_rate']:.0f}%" for e in turns["per_turn"].values())
+                  f"correct answers in turns 1..{rl.max_turns}: " + ", ".join(f"{100 * e['correct_rate']:.0f}%" for e in turns["per_turn"].values())
                   + f"; {turns['prompt_turns_dropped']} earlier turn(s) dropped from prompts", flush=True)
 
     def write_round_files(directory: Path) -> None:

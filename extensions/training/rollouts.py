@@ -8,6 +8,9 @@ separate, pure function (``extensions.training.rewards``), so it can change with
 
 Sampling is seeded per chunk of this rank's task list, whatever was already logged, so a chunk
 sampled again after a crash gives the same tokens it gave before.
+
+This is the single-turn round (``rl.max_turns: 1``); multi-turn rounds collect their trajectories in
+``turn_rollouts`` with the same ``Candidate``, context and log.
 """
 from __future__ import annotations
 
