@@ -211,10 +211,32 @@ def test_round_refines_on_feedback_logs_every_turn_and_reports_metrics(tmp_path,
     assert "round/multiturn/per_turn/2/correct_rate" in events.Tags()["scalars"]
 
 
+def test_real_verdicts_become_the_next_turns_feedback(tmp_path, model_dir):
+    """The project verifier judges the tiny model's answers in the interpreter; its verdict, as the
+    feedback text, is the user turn the next turn is sampled after."""
+    from extensions.feedback import build_feedback
+    from extensions.training.rl import make_verify_fn, run_rl
+
+    cfg, paths = _config(tmp_path, model_dir, ["rl.max_turns=2", "rl.tasks_per_round=1", "rl.samples_per_task=2",
+                                               "rl.algorithm=best_of_n"])
+    verify_fn = make_verify_fn(cfg.verifier, "cpu", progress=False)
+    assert run_rl(cfg, progress=False, verify_fn=verify_fn).status == "finished"
+    records = _records(paths.rl_candidates_log(1))
+    samples = {(r["sample_index"], r["turn"]): r for r in records if r["type"] == "sample"}
+    verdicts = {(r["sample_index"], r["turn"]): r["result"] for r in records if r["type"] == "verdict"}
+    assert sorted(samples) == sorted(verdicts) == [(0, 1), (0, 2), (1, 1), (1, 2)]  # random weights never solve
+    for sample in (0, 1):
+        feedback = build_feedback(VerifyResult.from_dict(verdicts[(sample, 1)])).text()
+        assert feedback.startswith("Verifier result:")
+        assert feedback in samples[(sample, 2)]["prompt"][-1]["content"]
+        assert samples[(sample, 2)]["prompt"][-2] == {"role": "assistant", "content": samples[(sample, 1)]["text"]}
+
+
 def test_best_of_n_round_trains_on_the_kept_dialogues(tmp_path, model_dir):
     from extensions.training.rl import run_rl
 
-    cfg, paths = _config(tmp_path, model_dir, ["rl.algorithm=best_of_n", "rl.top_k=1", "rl.reward_threshold=0.5"])
+    cfg, paths = _config(tmp_path, model_dir, ["rl.algorithm=best_of_n", "rl.top_k=1", "rl.reward_threshold=0.5",
+                                               "rl.max_turns=2"])
     assert run_rl(cfg, progress=False, verify_fn=ScriptedVerifier()).status == "finished"
     row = json.loads((paths.rl_round(1) / "round_metrics.json").read_text())
     # one fixed trajectory per task is kept, each trained as its two-answer dialogue
