@@ -4,6 +4,10 @@ update of ``policy_update`` out, with the round's advantage statistics.
 A subclass says how a round's rewards become one weight per sample (``sample_weights``); a sample
 whose weight is exactly 0 adds nothing to the gradient and is not trained on (for GRPO and RLOO,
 every sample of a group with equal rewards), and the count of such samples is reported.
+
+In a multi-turn round (``rl.max_turns`` > 1) every turn is a sample: its reward is its discounted
+return over the rest of its trajectory, its prompt the one that turn was sampled from
+(``RoundRollouts.prompt_ids_for``), and a task's group holds every turn of its trajectories.
 """
 from __future__ import annotations
 
