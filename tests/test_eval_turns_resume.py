@@ -1,5 +1,6 @@
 """``evaluate.py --turns T`` resumes: an evaluation interrupted after turn 1 goes on from turn 2 on
-the next run, without sampling or judging turn 1 again (tiny random model, real verifier)."""
+the next run, without sampling or judging turn 1 again, and a rerun of the command with more turns
+keeps the saved ones (tiny random model, real verifier)."""
 from __future__ import annotations
 
 import json
@@ -82,3 +83,27 @@ def test_interrupted_evaluation_goes_on_from_the_next_turn(evaluation, monkeypat
 
     run(max_new_tokens=5)  # other sampling settings: the saved turns are not theirs
     assert sampled == [2, 2] and path.with_name(path.name + ".old").is_file()
+
+
+def test_cli_rerun_with_more_turns_keeps_the_saved_ones(tmp_path, project_root):
+    from test_evaluate_cli import run_evaluate
+
+    model_dir = tmp_path / "tiny-model"
+    build_tiny_model(model_dir)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["relu", "add_scaled"])
+    out = tmp_path / "out"
+    args = ["--model_path", str(model_dir), "--tasks", str(tasks), "--name", "tiny", "--output_dir", str(out),
+            "--smoke", "--set", f"run.root={tmp_path / 'run'}", "--set", "prompt.mode=plain",
+            "--set", "eval.max_new_tokens=6"]
+    first = run_evaluate([*args, "--turns", "2"], project_root, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    path = out / "trajectories_tiny.jsonl"
+    two_turns = _rows(path)
+    again = run_evaluate([*args, "--turns", "3"], project_root, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"reusing 4 saved turn(s) of 2 trajectories from {path}" in again.stdout
+    rows = _rows(path)
+    assert [len(row["turns"]) for row in rows] == [3, 3]
+    assert [row["turns"][:2] for row in rows] == [row["turns"] for row in two_turns]
+    report = json.loads((out / "eval_tiny.json").read_text())
+    assert [e["answered"] for e in report["turns"]["per_turn"]] == [2, 2, 2]
