@@ -79,3 +79,23 @@ def test_driver_rejects_bad_turn_counts_and_mismatched_callables():
 def test_discounted_returns():
     assert discounted_returns([0.3, 0.3, 1.0], 0.4) == pytest.approx([0.3 + 0.4 * 0.3 + 0.16, 0.3 + 0.4, 1.0])
     assert discounted_returns([], 0.4) == []
+
+
+def test_driver_goes_on_from_the_turns_trajectories_already_hold():
+    """A resumed run: turns already held are not asked again; each trajectory continues from its next."""
+    from extensions.multiturn import Turn
+
+    wrong = VerifyResult("w", stage="compile", error="runtime: boom")
+    ahead = Trajectory("ahead#0", "code", [{"role": "user", "content": "task"}], [Turn("first", wrong, "fix it")])
+    fresh = Trajectory("fresh#0", "code", [{"role": "user", "content": "task"}])
+    asked: list[tuple[int, int]] = []
+
+    def generate(prompts, turn):
+        asked.append((turn, len(prompts)))
+        return [f"answer {turn}"] * len(prompts)
+
+    stats = run_turns([ahead, fresh], generate, lambda requests: [wrong] * len(requests), max_turns=2)
+    assert asked == [(1, 1), (2, 2)]  # turn 1 only for the fresh one
+    assert [(s.turn, s.live) for s in stats] == [(1, 1), (2, 2)]
+    assert [t.response for t in ahead.turns] == ["first", "answer 2"]
+    assert [t.response for t in fresh.turns] == ["answer 1", "answer 2"]
