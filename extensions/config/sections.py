@@ -209,6 +209,9 @@ class VerifierConfig:
     timing_max_remeasure: int = 2
     speedup_review_bound: float = 10.0
     timing_mode: Literal["counts", "budget"] = "budget"  # budget: trials cut to fit timing_budget_s
+    # excluded: each call is queued in full behind a gate before its timed region opens, so host
+    # launch time is not timed (the reward's mode); included: eager timing, launch time counts
+    timing_launch_cost: Literal["excluded", "included"] = "excluded"
     timing_min_trials: int = 10  # floor on paired trials, however small the budget
     timing_max_trials: int = 1000  # ceiling on paired trials in budget mode
     timing_bootstrap_samples: int = 1000  # resamples for the speedup's 95% CI

@@ -11,12 +11,24 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Sequence
 
+from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
 
 # Bytes to write per flush when the device does not report its L2 size (covers H100/H200's 50 MB).
 FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024
 # The flush buffer is this many times the L2 size.
 FLUSH_L2_MULTIPLE = 2
+
+# The launch gate: first guess, floor, ceiling and margin over the host's enqueue time.
+GATE_FIRST_MS = 1.0
+GATE_FIRST_CYCLES_PER_MS = 1.5e6  # a 1.5 GHz SM clock; corrected by the first gate's events
+GATE_MIN_MS = 0.05
+GATE_MIN_CYCLES = 1000
+GATE_MAX_MS = 50.0
+GATE_MARGIN = 2.0
+
+# Elements fingerprinted at a time (float64 temporaries of 128 MB each).
+FINGERPRINT_CHUNK = 1 << 24
 
 # Bound once at import so a candidate that rebinds time.perf_counter later cannot fool the
 # wall-clock cross-check.
@@ -49,16 +61,25 @@ def outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
 
 def fingerprint(output: Any) -> list:
     """Per output tensor: its sum, a weighted sum (fixed pseudo-random weights in [0, 1)) and the
-    sum of absolute values, in float64 on the output's device (no host synchronisation)."""
+    sum of absolute values, in float64 on the output's device (no host synchronisation).
+
+    Worked through in chunks of ``FINGERPRINT_CHUNK`` elements: float64 temporaries of a whole
+    multi-GB output are several times its size, and on a GPU with little headroom they force the
+    caching allocator to return memory to the driver and ask for it again inside timed calls.
+    """
     import torch
 
     prints = []
     for tensor in flatten_tensors(output):
-        values = torch.nan_to_num(tensor.detach().reshape(-1).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        positions = torch.arange(values.numel(), device=values.device, dtype=torch.float64)
-        weights = torch.frac(positions * 0.6180339887498949)
-        prints.append((torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()]), values.numel(),
-                       tensor.dtype))
+        flat = tensor.detach().reshape(-1)
+        sums = torch.zeros(3, dtype=torch.float64, device=flat.device)
+        for begin in range(0, flat.numel(), FINGERPRINT_CHUNK):
+            chunk = flat[begin:begin + FINGERPRINT_CHUNK]
+            values = torch.nan_to_num(chunk.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+            positions = torch.arange(begin, begin + chunk.numel(), device=flat.device, dtype=torch.float64)
+            weights = torch.frac(positions * 0.6180339887498949)
+            sums += torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()])
+        prints.append((sums, flat.numel(), tensor.dtype))
     return prints
 
 
@@ -92,7 +113,8 @@ def timer_bindings() -> list:
 
     bound = [(time, "perf_counter"), (time, "perf_counter_ns"), (time, "monotonic")]
     if torch.cuda.is_available():
-        bound += [(torch.cuda, "Event"), (torch.cuda, "synchronize"), (torch.cuda, "current_stream")]
+        bound += [(torch.cuda, "Event"), (torch.cuda, "synchronize"), (torch.cuda, "current_stream"),
+                  (torch.cuda, "_sleep")]
         bound += [(torch.cuda.Event, name) for name in ("record", "elapsed_time", "synchronize", "query")]
     return [(owner, name, getattr(owner, name, None)) for owner, name in bound]
 
@@ -203,13 +225,15 @@ class HostTrialRunner(_RunnerBase):
     """Host-clock timing (no events, no cache flush): CPU runs and the benchmark's dry run."""
 
     method = "paired-interleaved/host-clock/rotating-inputs/median-of-ratios/bootstrap-ci"
+    launch_cost = LAUNCH_INCLUDED  # the host clock runs from before forward is called
 
     def time_call(self, role: str) -> CallTiming:
         started = _perf_counter()
         output = self._forward(role)
         wall_ms = (_perf_counter() - started) * 1000.0
         reused = self._keep_output(role, output)
-        return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused)
+        return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused,
+                          hidden_ms=0.0)
 
 
 def l2_flush_bytes(device) -> int:
@@ -224,11 +248,17 @@ class CudaTrialRunner(_RunnerBase):
     """CUDA-event timing with an L2 flush before every call and a device-wide end of region.
 
     Per call: flush L2 (write a buffer twice its size), synchronise the device, read the host
-    clock, record ``start`` on the calling stream, run forward, record ``end_stream`` on that
-    stream, synchronise the whole device (work the model left on ANY stream), read the host clock,
-    record ``end_device``. ``end_stream - start`` is the precise time of same-stream work;
-    ``end_device - start`` bounds work on every stream (plus synchronisation latency, which the
-    schedule subtracts using the reference's own latency); the host interval cross-checks both.
+    clock; with ``launch_cost: excluded`` hold the stream in a gate (see ``LaunchGate``); record
+    ``start``, run forward, record ``end_stream`` on the calling stream. Then wait for that event
+    alone, record ``mark``, synchronise the whole device (work the model left on ANY stream), read
+    the host clock and record ``settled``.
+
+    ``end_stream - start`` is the precise time of same-stream work. ``settled - mark`` is what the
+    device still had to do once the calling stream was done, plus the cost of one host round trip
+    on an idle device: both events are recorded by a host that is already awake, so the wake-up
+    latency after a long wait (which varies with the wait and the host) is in neither. The schedule
+    compares it with the reference's to find hidden work, and charges ``settled - start`` minus the
+    reference's own post-stream time when it finds some. The host interval cross-checks both.
     """
 
     def __init__(self, reference, candidate, input_sets, config, device=None):
@@ -242,34 +272,93 @@ class CudaTrialRunner(_RunnerBase):
             )
         self.device = torch.device(device)
         self.use_events = bool(getattr(config, "timing_use_events", True))
+        launch_cost = str(getattr(config, "timing_launch_cost", LAUNCH_EXCLUDED))
+        if launch_cost not in LAUNCH_COSTS:
+            raise ValueError(f"timing_launch_cost must be one of {', '.join(LAUNCH_COSTS)}, got {launch_cost!r}")
+        self.gate = LaunchGate() if launch_cost == LAUNCH_EXCLUDED and self.use_events else None
+        self.launch_cost = LAUNCH_EXCLUDED if self.gate is not None else LAUNCH_INCLUDED
         self.flush_buffer = torch.empty(l2_flush_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
         self.events = {
-            role: tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) for role in (REFERENCE, CANDIDATE)
+            role: {name: torch.cuda.Event(enable_timing=True) for name in ("gate", "start", "end_stream", "mark", "settled")}
+            for role in (REFERENCE, CANDIDATE)
         }
         clock = "cuda-events+device-sync+wall-check" if self.use_events else "host-clock+device-sync"
-        self.method = f"paired-interleaved/{clock}/l2-flush/rotating-inputs/median-of-ratios/bootstrap-ci"
+        launch = "gated-launch" if self.gate is not None else "eager-launch"
+        self.method = f"paired-interleaved/{clock}/{launch}/l2-flush/rotating-inputs/median-of-ratios/bootstrap-ci"
 
     def time_call(self, role: str) -> CallTiming:
         import torch
 
-        start, end_stream, end_device = self.events[role]
+        events = self.events[role]
         stream = torch.cuda.current_stream(self.device)
+        gated = self.gate is not None and self.gate.active(role)
         self.flush_buffer.zero_()
         torch.cuda.synchronize(self.device)
         started = _perf_counter()
-        start.record(stream)
+        if gated:
+            cycles = self.gate.cycles(role)
+            events["gate"].record(stream)
+            torch.cuda._sleep(cycles)
+        events["start"].record(stream)
         output = self._forward(role)
-        end_stream.record(stream)
+        events["end_stream"].record(stream)
+        # Still waiting at the gate once everything is queued: no host launch time is in the region.
+        held = gated and not events["start"].query()
+        enqueue_ms = (_perf_counter() - started) * 1000.0
+        events["end_stream"].synchronize()
+        events["mark"].record(stream)
         torch.cuda.synchronize(self.device)
         wall_ms = (_perf_counter() - started) * 1000.0
-        end_device.record(stream)
-        end_device.synchronize()
+        events["settled"].record(stream)
+        events["settled"].synchronize()
         reused = self._keep_output(role, output)
+        gate_ms = events["gate"].elapsed_time(events["start"]) if gated else 0.0
+        if gated:
+            self.gate.update(role, cycles, gate_ms, enqueue_ms, held)
+        wall_ms -= gate_ms  # the host waited out the gate; the events start after it
         if not self.use_events:
-            return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused)
+            return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused,
+                              hidden_ms=0.0)
         return CallTiming(
-            stream_ms=start.elapsed_time(end_stream),
-            device_ms=start.elapsed_time(end_device),
+            stream_ms=events["start"].elapsed_time(events["end_stream"]),
+            device_ms=events["start"].elapsed_time(events["settled"]),
             wall_ms=wall_ms,
             output_reused=reused,
+            hidden_ms=events["mark"].elapsed_time(events["settled"]),
+            launch_excluded=held,
         )
+
+
+class LaunchGate:
+    """Holds the calling stream in a spin kernel (``torch.cuda._sleep``) while the host enqueues
+    one call, so the timed region opens with the whole call already queued: the device runs it back
+    to back, as it does for a caller that launches ahead of the GPU, and the host's launch time
+    (Python, the Triton launcher, the driver) is outside the measurement.
+
+    The gate is sized per role from the host's enqueue time of that role's last call (twice it,
+    plus a floor), in spin cycles converted with the rate the last gate showed. A gate that opened
+    before the host finished enqueuing (the call waited for the device, or the host stalled) is
+    reported by the call, and the role's next gate is twice as long; a role whose gate opens early
+    even at ``GATE_MAX_MS`` is timed without a gate from then on.
+    """
+
+    def __init__(self):
+        self.cycles_per_ms = GATE_FIRST_CYCLES_PER_MS
+        self.target_ms = {REFERENCE: GATE_FIRST_MS, CANDIDATE: GATE_FIRST_MS}
+        self.abandoned: set[str] = set()
+
+    def active(self, role: str) -> bool:
+        return role not in self.abandoned
+
+    def cycles(self, role: str) -> int:
+        return max(GATE_MIN_CYCLES, int(self.target_ms[role] * self.cycles_per_ms))
+
+    def update(self, role: str, cycles: int, gate_ms: float, enqueue_ms: float, held: bool) -> None:
+        if gate_ms > GATE_MIN_MS / 2:
+            self.cycles_per_ms = cycles / gate_ms
+        wanted = GATE_MARGIN * enqueue_ms + GATE_MIN_MS
+        if not held:
+            if self.target_ms[role] >= GATE_MAX_MS:
+                self.abandoned.add(role)
+            wanted = max(wanted, 2.0 * self.target_ms[role])
+        self.target_ms[role] = min(wanted, GATE_MAX_MS)
