@@ -33,7 +33,7 @@ sys.path.insert(0, str(BENCH))
 
 import timing_accuracy as accuracy  # noqa: E402  (the problems and candidates of the benchmark)
 
-VARIANTS = ("whole-fingerprint", "eager", "gated")
+VARIANTS = ("gated", "eager", "whole-fingerprint")
 DEFAULT_PROBLEMS = "L1/21 Sigmoid,L1/88 MinGPTNewGelu,L1/40 LayerNorm,L1/47 Sum reduction,L2/12"
 
 
@@ -193,6 +193,9 @@ def render(results, header) -> str:
              "new rule excess us | wake ref/cand us | ratio ref-first / cand-first | gated ref/cand | "
              "driver allocs / frees / retries | flags |", "|" + "---|" * 13]
     for problem, result in results:
+        if "error" in result:
+            lines.append(f"| {problem} | {result['variant']} | {result['error'].replace('|', '/')} |" + " |" * 10)
+            continue
         order = result["median_ratio_by_order"]
         lines.append(" | ".join([
             f"| {problem}", result["variant"], f"{result['ref_ms']:.4f}", f"{result['cand_ms']:.4f}",
@@ -243,7 +246,12 @@ def main(argv=None) -> int:
             break
         reference, candidate, sets = accuracy.build_problem(sources[(spec.level, spec.problem_id)], spec, bench, {})
         for variant in variants:
-            result = run_variant(variant, reference, candidate, sets, config, args.repeats)
+            try:
+                result = run_variant(variant, reference, candidate, sets, config, args.repeats)
+            except Exception as error:  # an out-of-memory variant is itself a finding
+                message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+                result = {"variant": variant, "error": message}
+                bench.release()
             results.append((spec.label, result))
             print(json.dumps({"problem": spec.label, **result}, default=str), flush=True)
         del reference, candidate, sets

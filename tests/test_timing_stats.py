@@ -30,8 +30,10 @@ from extensions.timing import (
 from extensions.timing.runners import (
     GATE_FIRST_CYCLES_PER_MS,
     GATE_FIRST_MS,
+    GATE_HEADROOM_MS,
+    GATE_HISTORY,
+    GATE_MARGIN,
     GATE_MAX_MS,
-    GATE_MIN_MS,
     HostTrialRunner,
     LaunchGate,
     fingerprint,
@@ -459,12 +461,18 @@ def test_config_is_validated():
 def test_launch_gate_is_sized_from_the_host_enqueue_time():
     gate = LaunchGate()
     assert gate.active("candidate") and gate.cycles("candidate") == int(GATE_FIRST_MS * GATE_FIRST_CYCLES_PER_MS)
-    # The first gate spun 1.5e6 cycles in 0.75 ms (a 2 GHz clock); the host queued the call in 0.2 ms.
-    gate.update("candidate", 1_500_000, 0.75, 0.2, held=True)
+    # The first gate spun 1.5e6 cycles in 0.75 ms (a 2 GHz clock); the host queued the call in 0.5 ms.
+    gate.update("candidate", 1_500_000, 0.75, 0.5, held=True)
     assert gate.cycles_per_ms == pytest.approx(2e6)
-    assert gate.target_ms["candidate"] == pytest.approx(2 * 0.2 + GATE_MIN_MS)
-    assert gate.cycles("candidate") == int((0.4 + GATE_MIN_MS) * 2e6)
+    assert gate.target_ms["candidate"] == pytest.approx(GATE_MARGIN * 0.5)
+    assert gate.cycles("candidate") == int(GATE_MARGIN * 0.5 * 2e6)
     assert gate.target_ms["reference"] == GATE_FIRST_MS  # roles are sized apart
+    # Quick calls keep the slowest recent enqueue time in view, and a headroom over it.
+    for _ in range(GATE_HISTORY - 1):
+        gate.update("candidate", gate.cycles("candidate"), 1.0, 0.01, held=True)
+    assert gate.target_ms["candidate"] == pytest.approx(GATE_MARGIN * 0.5)
+    gate.update("candidate", gate.cycles("candidate"), 1.0, 0.01, held=True)
+    assert gate.target_ms["candidate"] == pytest.approx(0.01 + GATE_HEADROOM_MS)
     # Opened before the host was done: the next gate is at least twice as long.
     before = gate.target_ms["candidate"]
     gate.update("candidate", gate.cycles("candidate"), before, 0.1, held=False)

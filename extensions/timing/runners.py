@@ -25,7 +25,12 @@ GATE_FIRST_CYCLES_PER_MS = 1.5e6  # a 1.5 GHz SM clock; corrected by the first g
 GATE_MIN_MS = 0.05
 GATE_MIN_CYCLES = 1000
 GATE_MAX_MS = 50.0
-GATE_MARGIN = 2.0
+# The gate outlasts the slowest of the role's last GATE_HISTORY enqueue times by GATE_MARGIN
+# times, and by GATE_HEADROOM_MS at least: a host hiccup of a tenth of a millisecond (seen on
+# virtualised hosts) must not open it early.
+GATE_MARGIN = 3.0
+GATE_HEADROOM_MS = 0.2
+GATE_HISTORY = 8
 
 # Elements fingerprinted at a time (float64 temporaries of 128 MB each).
 FINGERPRINT_CHUNK = 1 << 24
@@ -335,8 +340,8 @@ class LaunchGate:
     to back, as it does for a caller that launches ahead of the GPU, and the host's launch time
     (Python, the Triton launcher, the driver) is outside the measurement.
 
-    The gate is sized per role from the host's enqueue time of that role's last call (twice it,
-    plus a floor), in spin cycles converted with the rate the last gate showed. A gate that opened
+    The gate is sized per role from the host's enqueue times of that role's recent calls (see
+    ``GATE_MARGIN``), in spin cycles converted with the rate the last gate showed. A gate that opened
     before the host finished enqueuing (the call waited for the device, or the host stalled) is
     reported by the call, and the role's next gate is twice as long; a role whose gate opens early
     even at ``GATE_MAX_MS`` is timed without a gate from then on.
@@ -345,6 +350,7 @@ class LaunchGate:
     def __init__(self):
         self.cycles_per_ms = GATE_FIRST_CYCLES_PER_MS
         self.target_ms = {REFERENCE: GATE_FIRST_MS, CANDIDATE: GATE_FIRST_MS}
+        self.enqueue_ms: dict[str, list[float]] = {REFERENCE: [], CANDIDATE: []}
         self.abandoned: set[str] = set()
 
     def active(self, role: str) -> bool:
@@ -356,7 +362,11 @@ class LaunchGate:
     def update(self, role: str, cycles: int, gate_ms: float, enqueue_ms: float, held: bool) -> None:
         if gate_ms > GATE_MIN_MS / 2:
             self.cycles_per_ms = cycles / gate_ms
-        wanted = GATE_MARGIN * enqueue_ms + GATE_MIN_MS
+        recent = self.enqueue_ms[role]
+        recent.append(enqueue_ms)
+        del recent[:-GATE_HISTORY]
+        slowest = max(recent)
+        wanted = max(GATE_MARGIN * slowest, slowest + GATE_HEADROOM_MS, GATE_MIN_MS)
         if not held:
             if self.target_ms[role] >= GATE_MAX_MS:
                 self.abandoned.add(role)
