@@ -8,6 +8,9 @@ call, so each candidate cause is measured rather than guessed:
 - ``eager``: eager launch, chunked fingerprint;
 - ``gated``: the launch gate (``timing_launch_cost: excluded``), chunked fingerprint.
 
+``new rule`` is the awake-host window less the control round trip timed right after each call
+(``hidden_ms``); the control round trip itself is in the JSON beside the table.
+
 Per variant and problem it prints the run-to-run CV of the speedup, the side-stream verdict by
 the raw post-stream gap (the old rule) and by the awake-host window (``hidden_ms``, the new one),
 the host wake-up latency of each model (gap minus window), how the per-pair ratio depends on which
@@ -179,6 +182,8 @@ def summarize(variant, reports, calls, memory, clock_before, clock_after):
                               for k, v in ratios_by_order.items()},
         "gated_share": {role: sum(t.launch_excluded for r, _, t in calls if r == role)
                         / max(1, sum(1 for r, _, _ in calls if r == role)) for role in ("reference", "candidate")},
+        "round_trip_ms": {role: med([t.round_trip_ms for r, _, t in calls if r == role and t.round_trip_ms is not None])
+                          for role in ("reference", "candidate")},
         "wall_minus_stream_ms": {role: med([t.wall_ms - t.stream_ms for r, _, t in calls if r == role])
                                  for role in ("reference", "candidate")},
         "stream_ms": {role: per_role(role, "stream_ms") for role in ("reference", "candidate")},

@@ -208,8 +208,11 @@ class SimulatedRunner:
         self.stream_log.append((role, stream))
         wake = self.wake_ms[role]
         self.clock.now += (stream + gap + wake + wall_extra + self.OVERHEAD_MS) / 1000.0
+        # The runner's control round trip right after the call: nothing pending, no wake-up.
+        round_trip = self.SYNC_GAP_MS
         return CallTiming(stream_ms=stream, device_ms=stream + wake + gap, wall_ms=stream + wake + gap + wall_extra,
-                          output_reused=reused, hidden_ms=gap, launch_excluded=self.gated(role, len(self.calls)))
+                          output_reused=reused, hidden_ms=gap - round_trip, round_trip_ms=round_trip,
+                          launch_excluded=self.gated(role, len(self.calls)))
 
     def outputs_agree(self):
         return self.outputs["reference"] == self.outputs["candidate"]
@@ -503,6 +506,25 @@ def test_chunked_fingerprint_matches_the_whole_output_formula(monkeypatch):
     assert torch.allclose(prints[0][0], expected, rtol=1e-12, atol=1e-9)
     assert prints[0][1:] == (2500, torch.float32)
     assert prints[1][0][0].item() == 21.0 and prints[1][1] == 21
+
+
+def test_large_outputs_are_compared_slice_by_slice_with_the_same_rules(monkeypatch):
+    from extensions.timing import runners
+
+    monkeypatch.setattr(runners, "COMPARE_SLICE", 100)
+    config = VerifierConfig()
+    reference = torch.randn(3, 150, generator=torch.Generator().manual_seed(5))
+    assert outputs_close(reference, reference.clone(), config)
+    assert outputs_close((reference, torch.ones(2)), (reference.clone(), torch.ones(2)), config)
+    wrong = reference.clone()
+    wrong[2, 140] += 1.0  # one element, in the last slice
+    assert not outputs_close(reference, wrong, config)
+    nan_placed = reference.clone()
+    nan_placed[1, 3] = float("nan")
+    assert not outputs_close(reference, nan_placed, config)
+    assert not outputs_close(reference, reference.reshape(150, 3).clone(), config)  # shape
+    assert not outputs_close(reference, reference.double(), config)  # dtype
+    assert not outputs_close((reference,), reference.clone(), config)  # structure
 
 
 # --- the host runner with real modules ----------------------------------------------------------------

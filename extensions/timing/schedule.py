@@ -42,9 +42,12 @@ class CallTiming:
     device_ms: float  # to an event recorded after a device-wide synchronize (work on any stream)
     wall_ms: float  # host clock around the call and the synchronize
     output_reused: bool = False  # the output's storage is that of an earlier output still held
-    # Device work left once the calling stream was done, measured between two events a host that
-    # was already awake recorded (None: the runner cannot separate it from its wake-up latency).
+    # Device work left once the calling stream was done: the window between two events an awake
+    # host recorded around a device-wide synchronize, less the same window timed again right after
+    # (None: the runner cannot separate it from its wake-up latency).
     hidden_ms: Optional[float] = None
+    # One host round trip (event, device-wide synchronize, event) on an idle device, right after.
+    round_trip_ms: Optional[float] = None
     launch_excluded: bool = False  # the whole call was queued before its timed region opened
 
 
@@ -380,7 +383,11 @@ def charged_candidate_ms(call: CallTiming, measurement: Measurement) -> float:
     """The time a candidate call is charged, with the corrections its measurement called for."""
     charged = call.stream_ms
     if flags.FLAG_SIDE_STREAM in measurement.flags:
-        charged = max(charged, call.device_ms - measurement.reference_gap_ms)
+        # A hider's host waits in the device-wide synchronize and records the last event as soon
+        # as the hidden work ends: its device-wide time holds one round trip past the work, which
+        # the runner timed right after (``round_trip_ms``); else the reference's whole wait.
+        overhead = call.round_trip_ms if call.round_trip_ms is not None else measurement.reference_gap_ms
+        charged = max(charged, call.device_ms - overhead)
     if flags.FLAG_EVENT_WALL in measurement.flags:
         charged = max(charged, call.wall_ms - measurement.wall_overhead_ms)
     return charged
