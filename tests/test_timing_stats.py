@@ -140,7 +140,9 @@ class SimulatedRunner:
     returns stale results once contents change), "reuse" (returns the same stored tensor),
     "host_hidden" (event clocks see nothing, the host clock does).
 
-    ``wake_ms``: per role, the host's wake-up latency after waiting for the call; it lands in the
+    ``after_effect_ms``: per role, device time after the stream's end that the call's own memory
+    traffic causes (no hidden work). ``hidden_share``: how much of its work a side-stream
+    candidate hides. ``wake_ms``: per role, the host's wake-up latency after waiting for the call; it lands in the
     raw post-stream gap but not in the awake-host window (``hidden_ms``). ``first_call_factor``
     slows whichever model runs first in a pair. ``launch_cost``/``gated``: what the runner claims
     and whether each call was queued before its region opened.
@@ -152,7 +154,8 @@ class SimulatedRunner:
 
     def __init__(self, clock, ref_ms=1.0, cand_ms=0.5, num_input_sets=3, noise=0.01, seed=0,
                  candidate_kind="honest", noise_for_pair=None, fail_on_call=None, wake_ms=None,
-                 first_call_factor=1.0, launch_cost="included", gated=None):
+                 first_call_factor=1.0, launch_cost="included", gated=None, after_effect_ms=None,
+                 hidden_share=1.0):
         self.clock = clock
         self.cost = {"reference": ref_ms, "candidate": cand_ms}
         self.num_input_sets = num_input_sets
@@ -168,6 +171,8 @@ class SimulatedRunner:
         self.outputs = {}
         self.fail_on_call = fail_on_call
         self.wake_ms = wake_ms or {"reference": 0.0, "candidate": 0.0}
+        self.after_effect_ms = after_effect_ms or {"reference": 0.0, "candidate": 0.0}
+        self.hidden_share = hidden_share  # side_stream: the share of the work it hides
         self.first_call_factor = first_call_factor
         self.stream_log = []  # (role, stream_ms) of every call
         self.launch_cost = launch_cost
@@ -193,7 +198,8 @@ class SimulatedRunner:
             if self.first_seen is None:
                 self.first_seen = self.loaded
             if self.kind == "side_stream":
-                stream, gap = 0.003, work + self.SYNC_GAP_MS
+                hidden = self.hidden_share * work
+                stream, gap = max(work - hidden, 0.003), hidden + self.SYNC_GAP_MS
             elif self.kind == "content_memo" and self.loaded in self.seen_contents:
                 stream = work = 0.002
             elif self.kind == "address_memo" and self.loaded != self.first_seen:
@@ -207,6 +213,7 @@ class SimulatedRunner:
         self.outputs[role] = output
         self.stream_log.append((role, stream))
         wake = self.wake_ms[role]
+        gap += self.after_effect_ms[role]  # device work the call's memory traffic leaves behind
         self.clock.now += (stream + gap + wake + wall_extra + self.OVERHEAD_MS) / 1000.0
         # The runner's control round trip right after the call: nothing pending, no wake-up.
         round_trip = self.SYNC_GAP_MS
@@ -344,6 +351,22 @@ def test_side_stream_is_flagged_whatever_the_wake_up_latency():
     assert report.speedup <= 1.2
 
 
+def test_memory_after_effect_of_an_honest_candidate_is_not_hidden_work():
+    # 15 us more device after-effect than the reference after a 0.3 ms call: not worth hiding.
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=0.3,
+                             after_effect_ms={"reference": 0.0, "candidate": 0.015})
+    report = _run(runner, _settings())
+    assert report.details["hidden_excess_ms"] == pytest.approx(0.015, abs=1e-6)
+    assert report.flags == [] and report.speedup == pytest.approx(1.0 / 0.3, rel=0.02)
+
+
+def test_a_candidate_hiding_part_of_its_work_is_flagged_and_charged():
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=1.0, candidate_kind="side_stream", hidden_share=0.3)
+    report = _run(runner, _settings())
+    assert "side_stream_suspected" in report.flags
+    assert report.measured_speedup == pytest.approx(1.0, rel=0.03)
+
+
 def test_first_call_effect_cancels_in_order_balanced_blocks():
     # Whichever model runs first in a pair is 4% slower: single ratios split into two clusters.
     speedups, plain_medians = [], []
@@ -456,6 +479,8 @@ def test_config_is_validated():
         TimingSettings.from_config(VerifierConfig(timing_num_trials=1))
     with pytest.raises(ValueError, match="timing_launch_cost must be one of excluded, included, got 'never'"):
         TimingSettings.from_config(VerifierConfig(timing_launch_cost="never"))
+    with pytest.raises(ValueError, match=r"timing_side_stream_min_share must be in \[0, 1\), got 1.5"):
+        TimingSettings.from_config(VerifierConfig(timing_side_stream_min_share=1.5))
     settings = TimingSettings.from_config(VerifierConfig())
     assert settings.mode == "budget" and settings.side_stream_tolerance_ms == pytest.approx(0.005)
     assert settings.launch_cost == "excluded"

@@ -218,6 +218,9 @@ class VerifierConfig:
     timing_seed: int = 0  # bootstrap and output-check sampling
     timing_output_checks: int = 3  # timed pairs whose outputs are compared (plus the final probe)
     timing_side_stream_tolerance_us: float = 5.0  # device-wait excess over the reference that counts as hidden work
+    # ... and the share of the candidate's own time it must also exceed: honest modules differ by
+    # a device after-effect of their memory traffic (tens of us after multi-GB writes)
+    timing_side_stream_min_share: float = 0.1
     timing_wall_slack_ms: float = 1.0  # event time may trail host wall time by this much before it is suspicious
     timing_memo_ratio: float = 1.5  # fresh-input call this much slower than repeats: memoisation suspected
     # policy
