@@ -366,7 +366,6 @@ class ProblemResult:
 
 def section_kernelbench(bench, config, args, deadline) -> tuple[list[Row], list[ProblemResult]]:
     sources = load_problem_sources(find_kernelbench(args.kernelbench))
-    torch = bench.torch
     rows, results = [], []
     wanted = [w.strip() for w in args.problems.split(",") if w.strip()]
     for spec in PROBLEMS:
@@ -382,11 +381,6 @@ def section_kernelbench(bench, config, args, deadline) -> tuple[list[Row], list[
             error = max_relative_error(reference, candidate, sets[0], bench)
             ours_speedups, do_bench_speedups, kb_speedups, reports = [], [], [], []
 
-            def call(model):
-                def run():
-                    with torch.no_grad():
-                        return model(*sets[0])
-                return run
 
             for _ in range(args.repeats):
                 if deadline.left() < 15:
@@ -394,8 +388,8 @@ def section_kernelbench(bench, config, args, deadline) -> tuple[list[Row], list[
                 report = ours(reference, candidate, sets, config)
                 reports.append(report)
                 ours_speedups.append(report["speedup"])
-                do_bench_speedups.append(bench.do_bench_ms(call(reference)) / bench.do_bench_ms(call(candidate)))
-                kb_speedups.append(bench.kernelbench_style_ms(call(reference)) / bench.kernelbench_style_ms(call(candidate)))
+                do_bench_speedups.append(bench.do_bench_ms(no_grad_call(reference, sets[0])) / bench.do_bench_ms(no_grad_call(candidate, sets[0])))
+                kb_speedups.append(bench.kernelbench_style_ms(no_grad_call(reference, sets[0])) / bench.kernelbench_style_ms(no_grad_call(candidate, sets[0])))
             result = ProblemResult(spec, Row("kernelbench", case))
             result.cv_ours, result.cv_do_bench, result.cv_kernelbench = (
                 cv_of(ours_speedups), cv_of(do_bench_speedups), cv_of(kb_speedups))
@@ -449,7 +443,6 @@ def section_exploits(bench, config, args, deadline) -> list[Row]:
     exploits = load_candidate_module("exploits.py")
     relu = load_candidate_module("l1_019_relu.py")
     matmul = load_candidate_module("l1_001_square_matmul.py")
-    torch = bench.torch
     rows = []
     side_numel = 4096 if args.dry_run else 1 << 26
     n = 64 if args.dry_run else 4096
@@ -470,14 +463,9 @@ def section_exploits(bench, config, args, deadline) -> list[Row]:
             reference, candidate, sets = build()
             report = ours(reference, candidate, sets, config)
 
-            def call(model):
-                def run():
-                    with torch.no_grad():
-                        return model(*sets[0])
-                return run
 
-            naive = bench.do_bench_ms(call(reference)) / bench.do_bench_ms(call(candidate))
-            kb = bench.kernelbench_style_ms(call(reference)) / bench.kernelbench_style_ms(call(candidate))
+            naive = bench.do_bench_ms(no_grad_call(reference, sets[0])) / bench.do_bench_ms(no_grad_call(candidate, sets[0]))
+            kb = bench.kernelbench_style_ms(no_grad_call(reference, sets[0])) / bench.kernelbench_style_ms(no_grad_call(candidate, sets[0]))
             caught = bool(expected_flags & set(report["flags"]))
             speedup = report["speedup"]
             ok = caught and (speedup is None or speedup <= 1.2)
@@ -491,6 +479,16 @@ def section_exploits(bench, config, args, deadline) -> list[Row]:
         finally:
             bench.release()
     return rows
+
+
+def no_grad_call(model, inputs):
+    """``model(*inputs)`` without autograd, as a zero-argument callable for the comparison timers."""
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return model(*inputs)
+    return run
 
 
 def _matrix_sets(bench, n):

@@ -34,7 +34,6 @@ from extensions.timing.runners import (
     GATE_HISTORY,
     GATE_MARGIN,
     GATE_MAX_MS,
-    HostTrialRunner,
     LaunchGate,
     fingerprint,
     outputs_close,
