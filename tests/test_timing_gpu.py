@@ -82,7 +82,9 @@ def test_launch_gate_takes_host_launch_time_out_of_the_region():
 
 def test_known_byte_ratio_in_the_launch_excluded_mode():
     sweep = _load("known_ratio_sweep")
-    numel = 1 << 28  # 1 GB: far above L2, every pass from DRAM
+    # 4 GB, the benchmark's known-ratio size: every pass from DRAM. At 1 GB the ratio missed 3% on
+    # an H200 (per-call costs that do not scale with bytes weigh more) while 4 GB held on both GPUs.
+    numel = 1 << 30
     sets = _vectors(numel, count=3)
     report = measure_speedup(sweep.MultiPassSweep(4), sweep.MultiPassSweep(1), sets, _config())
     expected = sweep.bytes_moved(numel, 4) / sweep.bytes_moved(numel, 1)
