@@ -5,6 +5,7 @@ whatever the batch), and with a padding mask it copies every key and value ``hea
 times before attention. This loop removes both:
 
 - the KV cache is a ``StaticCache`` sized to prompt + new tokens, so a step has fixed shapes;
+- the n samples of one prompt share its prefill: it runs once and the cache rows are copied;
 - one-token steps attend through ``grouped_decode_attention``, which reads each cached key and value
   once for all the query heads of its group (prefill still goes through SDPA);
 - on a single CUDA device the step (the model forward) is captured once as a CUDA graph and
@@ -273,10 +274,7 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     register_decode_attention()
     with on_device, torch.no_grad(), attention_implementation(model, DECODE_ATTENTION):
-        out = model(input_ids=input_ids, attention_mask=_prefill_mask(attention, cache_len),
-                    position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :]
-        del out
+        logits = _prefill(model, input_ids, attention, positions, cache, cache_len)
         graph = None
         graph_logits = None
         blocker = None if use_cuda_graph else "disabled"
@@ -317,6 +315,64 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     if token_logprobs is not None:
         return tokens[:, :steps].cpu(), token_logprobs[:, :steps].cpu()
     return tokens[:, :steps].cpu()
+
+
+def _prefill(model, input_ids, attention, positions, cache, cache_len: int):
+    """Run the prompt through the model into ``cache``; the last position's logits per row.
+
+    Rows with the same prompt (the n samples of one task) are computed once and their cache rows
+    copied: prefill is most of a short rollout's cost on a CPU, and the copies are exact.
+    """
+    unique_ids, source_row = _distinct_rows(input_ids)
+    shared = source_row is not None and _cache_rows_copyable(cache)
+    if shared:
+        first = _first_occurrence(source_row, unique_ids.shape[0])
+        input_ids, attention, positions = unique_ids, attention[first], positions[first]
+    out = model(input_ids=input_ids, attention_mask=_prefill_mask(attention, cache_len),
+                position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1, :]
+    if shared:
+        _copy_cache_rows(cache, source_row)
+        logits = logits.index_select(0, source_row)
+    return logits
+
+
+def _distinct_rows(input_ids):
+    """(distinct rows, index of each row's distinct row), or (input_ids, None) when all differ."""
+    import torch
+
+    unique_ids, source_row = torch.unique(input_ids, dim=0, return_inverse=True)
+    if unique_ids.shape[0] == input_ids.shape[0]:
+        return input_ids, None
+    return unique_ids, source_row
+
+
+def _first_occurrence(source_row, count: int):
+    import torch
+
+    rows = torch.arange(source_row.shape[0], device=source_row.device)
+    first = torch.full((count,), source_row.shape[0], dtype=torch.long, device=source_row.device)
+    return first.scatter_reduce(0, source_row, rows, reduce="amin")
+
+
+def _cache_rows_copyable(cache) -> bool:
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(hasattr(layer, "lazy_initialization") for layer in layers)
+
+
+def _copy_cache_rows(cache, source_row) -> None:
+    """Grow each cache layer from its distinct rows to one row per sequence."""
+    import torch
+
+    for layer in cache.layers:
+        rows = source_row.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)
+        if hasattr(layer, "batch_size"):
+            layer.batch_size = rows.shape[0]
+        if layer.keys.is_cuda:  # CUDA graphs and torch.compile need the new tensors' addresses fixed
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
 
 
 def chosen_logprobs(logits, token, temperature: float):

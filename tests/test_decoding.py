@@ -144,6 +144,31 @@ def test_sampling_is_reproducible_from_its_seed_and_ignores_the_global_rng():
     assert not torch.equal(decode(model, ids, attention, 10, temperature=1.0, top_p=0.95, seed=4), first)
 
 
+def test_samples_of_one_prompt_share_its_prefill_and_match_separate_prefills(monkeypatch):
+    model = tiny_model()  # float64: shared and separate prefills agree to the last bit that matters
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1]]
+    ids, attention = left_padded(prompts)
+    prefill_rows = []
+    forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        if kwargs["input_ids"].shape[1] > 1:
+            prefill_rows.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    shared = decode(model, ids, attention, 10, temperature=1.0, top_p=0.95, seed=5, return_logprobs=True)
+    assert prefill_rows == [3], "one prefill row per distinct prompt"
+    monkeypatch.setattr(decoding, "_distinct_rows", lambda input_ids: (input_ids, None))
+    separate = decode(model, ids, attention, 10, temperature=1.0, top_p=0.95, seed=5, return_logprobs=True)
+    assert prefill_rows == [3, 6]
+    assert torch.equal(shared[0], separate[0])
+    assert torch.allclose(shared[1], separate[1], atol=1e-6)
+    greedy = decode(model, ids, attention, 8, temperature=0.0, top_p=1.0, seed=0)
+    for row, prompt in enumerate(prompts):
+        assert greedy[row].tolist() == generate_greedy(model, prompt, 8)
+
+
 def test_decoding_stops_early_once_every_row_has_ended():
     model = tiny_model(torch.float32)
     ids, attention = left_padded(PROMPTS)

@@ -27,9 +27,20 @@ from extensions.timing import (
     lock_path,
     measure_speedup,
 )
-from extensions.timing.runners import HostTrialRunner, outputs_close
+from extensions.timing.runners import (
+    GATE_FIRST_CYCLES_PER_MS,
+    GATE_FIRST_MS,
+    GATE_HEADROOM_MS,
+    GATE_HISTORY,
+    GATE_MARGIN,
+    GATE_MAX_MS,
+    LaunchGate,
+    fingerprint,
+    outputs_close,
+)
 from extensions.timing.stats import (
     coefficient_of_variation,
+    order_balanced_ratios,
     is_stable,
     median,
     summarize_pairs,
@@ -127,6 +138,13 @@ class SimulatedRunner:
     "content_memo" (caches by input contents), "address_memo" (caches by buffer address, so it
     returns stale results once contents change), "reuse" (returns the same stored tensor),
     "host_hidden" (event clocks see nothing, the host clock does).
+
+    ``after_effect_ms``: per role, device time after the stream's end that the call's own memory
+    traffic causes (no hidden work). ``hidden_share``: how much of its work a side-stream
+    candidate hides. ``wake_ms``: per role, the host's wake-up latency after waiting for the call; it lands in the
+    raw post-stream gap but not in the awake-host window (``hidden_ms``). ``first_call_factor``
+    slows whichever model runs first in a pair. ``launch_cost``/``gated``: what the runner claims
+    and whether each call was queued before its region opened.
     """
 
     method = "simulated"
@@ -134,7 +152,9 @@ class SimulatedRunner:
     OVERHEAD_MS = 0.05  # flush + synchronise + copy per call, outside the timed region
 
     def __init__(self, clock, ref_ms=1.0, cand_ms=0.5, num_input_sets=3, noise=0.01, seed=0,
-                 candidate_kind="honest", noise_for_pair=None, fail_on_call=None):
+                 candidate_kind="honest", noise_for_pair=None, fail_on_call=None, wake_ms=None,
+                 first_call_factor=1.0, launch_cost="included", gated=None, after_effect_ms=None,
+                 hidden_share=1.0):
         self.clock = clock
         self.cost = {"reference": ref_ms, "candidate": cand_ms}
         self.num_input_sets = num_input_sets
@@ -149,6 +169,13 @@ class SimulatedRunner:
         self.first_seen = None
         self.outputs = {}
         self.fail_on_call = fail_on_call
+        self.wake_ms = wake_ms or {"reference": 0.0, "candidate": 0.0}
+        self.after_effect_ms = after_effect_ms or {"reference": 0.0, "candidate": 0.0}
+        self.hidden_share = hidden_share  # side_stream: the share of the work it hides
+        self.first_call_factor = first_call_factor
+        self.stream_log = []  # (role, stream_ms) of every call
+        self.launch_cost = launch_cost
+        self.gated = gated or (lambda role, call_number: launch_cost == "excluded")
 
     def load(self, index):
         self.loaded = index
@@ -162,13 +189,16 @@ class SimulatedRunner:
         noise = self.noise_for_pair(pair_number) if self.noise_for_pair else self.noise
         drift = 1.0 + 0.05 * math.sin(len(self.calls) / 40.0)
         work = self.cost[role] * drift * float(self.rng.lognormal(0.0, noise))
+        if len(self.calls) % 2 == 1:  # the first call of its pair
+            work *= self.first_call_factor
         stream, gap, wall_extra, reused = work, self.SYNC_GAP_MS, 0.01, False
         output = ("result", self.loaded)
         if role == "candidate":
             if self.first_seen is None:
                 self.first_seen = self.loaded
             if self.kind == "side_stream":
-                stream, gap = 0.003, work + self.SYNC_GAP_MS
+                hidden = self.hidden_share * work
+                stream, gap = max(work - hidden, 0.003), hidden + self.SYNC_GAP_MS
             elif self.kind == "content_memo" and self.loaded in self.seen_contents:
                 stream = work = 0.002
             elif self.kind == "address_memo" and self.loaded != self.first_seen:
@@ -180,9 +210,15 @@ class SimulatedRunner:
                 stream, gap, wall_extra = 0.003, self.SYNC_GAP_MS, work
             self.seen_contents.add(self.loaded)
         self.outputs[role] = output
-        self.clock.now += (stream + gap + wall_extra + self.OVERHEAD_MS) / 1000.0
-        return CallTiming(stream_ms=stream, device_ms=stream + gap, wall_ms=stream + gap + wall_extra,
-                          output_reused=reused)
+        self.stream_log.append((role, stream))
+        wake = self.wake_ms[role]
+        gap += self.after_effect_ms[role]  # device work the call's memory traffic leaves behind
+        self.clock.now += (stream + gap + wake + wall_extra + self.OVERHEAD_MS) / 1000.0
+        # The runner's control round trip right after the call: nothing pending, no wake-up.
+        round_trip = self.SYNC_GAP_MS
+        return CallTiming(stream_ms=stream, device_ms=stream + wake + gap, wall_ms=stream + wake + gap + wall_extra,
+                          output_reused=reused, hidden_ms=gap - round_trip, round_trip_ms=round_trip,
+                          launch_excluded=self.gated(role, len(self.calls)))
 
     def outputs_agree(self):
         return self.outputs["reference"] == self.outputs["candidate"]
@@ -296,6 +332,77 @@ def test_side_stream_candidate_is_charged_and_flagged():
     assert report.measured_speedup == report.speedup
 
 
+def test_wake_up_latency_of_an_honest_candidate_is_not_hidden_work():
+    # The host wakes 30 us later after waiting for the candidate than for the reference (a longer
+    # wait on a virtualised host): the raw post-stream gap differs, the awake-host window does not.
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=0.8, wake_ms={"reference": 0.004, "candidate": 0.034})
+    report = _run(runner, _settings())
+    assert report.details["candidate_gap_ms"] - report.details["reference_gap_ms"] == pytest.approx(0.030, abs=1e-9)
+    assert "side_stream_suspected" not in report.flags and report.flags == []
+    assert report.speedup == pytest.approx(1.25, rel=0.02)
+
+
+def test_side_stream_is_flagged_whatever_the_wake_up_latency():
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=1.0, candidate_kind="side_stream",
+                             wake_ms={"reference": 0.03, "candidate": 0.0})
+    report = _run(runner, _settings())
+    assert "side_stream_suspected" in report.flags
+    assert report.speedup <= 1.2
+
+
+def test_memory_after_effect_of_an_honest_candidate_is_not_hidden_work():
+    # 15 us more device after-effect than the reference after a 0.3 ms call: not worth hiding.
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=0.3,
+                             after_effect_ms={"reference": 0.0, "candidate": 0.015})
+    report = _run(runner, _settings())
+    assert report.details["hidden_excess_ms"] == pytest.approx(0.015, abs=1e-6)
+    assert report.flags == [] and report.speedup == pytest.approx(1.0 / 0.3, rel=0.02)
+
+
+def test_a_candidate_hiding_part_of_its_work_is_flagged_and_charged():
+    runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=1.0, candidate_kind="side_stream", hidden_share=0.3)
+    report = _run(runner, _settings())
+    assert "side_stream_suspected" in report.flags
+    assert report.measured_speedup == pytest.approx(1.0, rel=0.03)
+
+
+def test_first_call_effect_cancels_in_order_balanced_blocks():
+    # Whichever model runs first in a pair is 4% slower: single ratios split into two clusters.
+    speedups, plain_medians = [], []
+    for seed in range(6):
+        runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=0.8, noise=0.01, seed=seed, first_call_factor=1.04)
+        report = _run(runner, _settings(num_trials=21, max_remeasure=0))
+        assert report.trials == 22  # rounded up to whole blocks
+        speedups.append(report.speedup)
+        timed = runner.stream_log[2 * report.warmup: 2 * (report.warmup + report.trials)]
+        pairs = [dict(timed[i:i + 2]) for i in range(0, len(timed), 2)]
+        plain_medians.append(float(np.median([p["reference"] / p["candidate"] for p in pairs])))
+    assert max(abs(s / 1.25 - 1) for s in speedups) < 0.01
+    assert np.std(speedups) < np.std(plain_medians)
+
+
+def test_order_balanced_ratios_pair_opposite_orders():
+    ratios = np.array([1.1, 0.9, 1.21, 0.81, 2.0])
+    blocks = order_balanced_ratios(ratios, [True, False, True, False, True])
+    assert blocks == pytest.approx([math.sqrt(1.1 * 0.9), math.sqrt(1.21 * 0.81)])  # the odd pair is left out
+    assert order_balanced_ratios(ratios, [True] * 5) is ratios  # no block forms: single ratios
+    assert order_balanced_ratios(ratios, None) is ratios
+    with pytest.raises(ValueError, match="5 orders for 4 paired trials"):
+        order_balanced_ratios(ratios[:4], [True] * 5)
+
+
+def test_report_says_whether_launch_time_was_excluded():
+    excluded = _run(SimulatedRunner(FakeClock(), launch_cost="excluded"), _settings())
+    assert excluded.launch_cost == "excluded" and excluded.to_dict()["launch_cost"] == "excluded"
+    assert excluded.details["launch_excluded_calls"] == {"reference": 40, "candidate": 40}
+    # A candidate that waits for the device in forward cannot be gated: the report says so.
+    mixed = _run(SimulatedRunner(FakeClock(), launch_cost="excluded", gated=lambda role, n: role == "reference"),
+                 _settings())
+    assert mixed.launch_cost == "mixed" and mixed.details["launch_excluded_calls"]["candidate"] == 0
+    included = _run(SimulatedRunner(FakeClock()), _settings())
+    assert included.launch_cost == "included"
+
+
 def test_content_memoiser_is_caught_by_the_fresh_input_probe():
     runner = SimulatedRunner(FakeClock(), ref_ms=1.0, cand_ms=1.0, candidate_kind="content_memo")
     report = _run(runner, _settings())
@@ -369,8 +476,79 @@ def test_config_is_validated():
         TimingSettings.from_config(VerifierConfig(timing_mode="forever"))
     with pytest.raises(ValueError, match="timing_num_trials must be >= 3"):
         TimingSettings.from_config(VerifierConfig(timing_num_trials=1))
+    with pytest.raises(ValueError, match="timing_launch_cost must be one of excluded, included, got 'never'"):
+        TimingSettings.from_config(VerifierConfig(timing_launch_cost="never"))
+    with pytest.raises(ValueError, match=r"timing_side_stream_min_share must be in \[0, 1\), got 1.5"):
+        TimingSettings.from_config(VerifierConfig(timing_side_stream_min_share=1.5))
     settings = TimingSettings.from_config(VerifierConfig())
     assert settings.mode == "budget" and settings.side_stream_tolerance_ms == pytest.approx(0.005)
+    assert settings.launch_cost == "excluded"
+
+
+def test_launch_gate_is_sized_from_the_host_enqueue_time():
+    gate = LaunchGate()
+    assert gate.active("candidate") and gate.cycles("candidate") == int(GATE_FIRST_MS * GATE_FIRST_CYCLES_PER_MS)
+    # The first gate spun 1.5e6 cycles in 0.75 ms (a 2 GHz clock); the host queued the call in 0.5 ms.
+    gate.update("candidate", 1_500_000, 0.75, 0.5, held=True)
+    assert gate.cycles_per_ms == pytest.approx(2e6)
+    assert gate.target_ms["candidate"] == pytest.approx(GATE_MARGIN * 0.5)
+    assert gate.cycles("candidate") == int(GATE_MARGIN * 0.5 * 2e6)
+    assert gate.target_ms["reference"] == GATE_FIRST_MS  # roles are sized apart
+    # Quick calls keep the slowest recent enqueue time in view, and a headroom over it.
+    for _ in range(GATE_HISTORY - 1):
+        gate.update("candidate", gate.cycles("candidate"), 1.0, 0.01, held=True)
+    assert gate.target_ms["candidate"] == pytest.approx(GATE_MARGIN * 0.5)
+    gate.update("candidate", gate.cycles("candidate"), 1.0, 0.01, held=True)
+    assert gate.target_ms["candidate"] == pytest.approx(0.01 + GATE_HEADROOM_MS)
+    # Opened before the host was done: the next gate is at least twice as long.
+    before = gate.target_ms["candidate"]
+    gate.update("candidate", gate.cycles("candidate"), before, 0.1, held=False)
+    assert gate.target_ms["candidate"] == pytest.approx(2 * before)
+
+
+def test_launch_gate_gives_up_on_a_call_that_waits_for_the_device():
+    gate = LaunchGate()
+    opened_early = 0
+    while gate.active("candidate"):
+        target = gate.target_ms["candidate"]
+        # forward reads a value back: the host finishes only after the gate and the work
+        gate.update("candidate", gate.cycles("candidate"), target, target + 1.0, held=False)
+        opened_early += 1
+        assert opened_early < 20
+    assert gate.target_ms["candidate"] == GATE_MAX_MS and gate.active("reference")
+
+
+def test_chunked_fingerprint_matches_the_whole_output_formula(monkeypatch):
+    from extensions.timing import runners
+
+    monkeypatch.setattr(runners, "FINGERPRINT_CHUNK", 1000)
+    output = (torch.randn(2500, generator=torch.Generator().manual_seed(3)), torch.ones(3, 7))
+    prints = fingerprint(output)
+    values = output[0].to(torch.float64)
+    weights = torch.frac(torch.arange(2500, dtype=torch.float64) * 0.6180339887498949)
+    expected = torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()])
+    assert torch.allclose(prints[0][0], expected, rtol=1e-12, atol=1e-9)
+    assert prints[0][1:] == (2500, torch.float32)
+    assert prints[1][0][0].item() == 21.0 and prints[1][1] == 21
+
+
+def test_large_outputs_are_compared_slice_by_slice_with_the_same_rules(monkeypatch):
+    from extensions.timing import runners
+
+    monkeypatch.setattr(runners, "COMPARE_SLICE", 100)
+    config = VerifierConfig()
+    reference = torch.randn(3, 150, generator=torch.Generator().manual_seed(5))
+    assert outputs_close(reference, reference.clone(), config)
+    assert outputs_close((reference, torch.ones(2)), (reference.clone(), torch.ones(2)), config)
+    wrong = reference.clone()
+    wrong[2, 140] += 1.0  # one element, in the last slice
+    assert not outputs_close(reference, wrong, config)
+    nan_placed = reference.clone()
+    nan_placed[1, 3] = float("nan")
+    assert not outputs_close(reference, nan_placed, config)
+    assert not outputs_close(reference, reference.reshape(150, 3).clone(), config)  # shape
+    assert not outputs_close(reference, reference.double(), config)  # dtype
+    assert not outputs_close((reference,), reference.clone(), config)  # structure
 
 
 # --- the host runner with real modules ----------------------------------------------------------------

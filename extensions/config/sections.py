@@ -213,12 +213,18 @@ class VerifierConfig:
     timing_max_remeasure: int = 2
     speedup_review_bound: float = 10.0
     timing_mode: Literal["counts", "budget"] = "budget"  # budget: trials cut to fit timing_budget_s
+    # excluded: each call is queued in full behind a gate before its timed region opens, so host
+    # launch time is not timed (the reward's mode); included: eager timing, launch time counts
+    timing_launch_cost: Literal["excluded", "included"] = "excluded"
     timing_min_trials: int = 10  # floor on paired trials, however small the budget
     timing_max_trials: int = 1000  # ceiling on paired trials in budget mode
     timing_bootstrap_samples: int = 1000  # resamples for the speedup's 95% CI
     timing_seed: int = 0  # bootstrap and output-check sampling
     timing_output_checks: int = 3  # timed pairs whose outputs are compared (plus the final probe)
     timing_side_stream_tolerance_us: float = 5.0  # device-wait excess over the reference that counts as hidden work
+    # ... and the share of the candidate's own time it must also exceed: honest modules differ by
+    # a device after-effect of their memory traffic (tens of us after multi-GB writes)
+    timing_side_stream_min_share: float = 0.1
     timing_wall_slack_ms: float = 1.0  # event time may trail host wall time by this much before it is suspicious
     timing_memo_ratio: float = 1.5  # fresh-input call this much slower than repeats: memoisation suspected
     # policy

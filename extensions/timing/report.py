@@ -19,6 +19,12 @@ FLAG_SINGLE_INPUT_SET = "single_input_set"  # one input set: memoisation cannot 
 FLAG_TIMER_PATCHED = "timer_patched"  # the clocks or CUDA events the timer reads were replaced
 FLAGS_VOIDING_SPEEDUP = (FLAG_OUTPUT_REUSED, FLAG_OUTPUT_MISMATCH, FLAG_TIMER_PATCHED)
 
+# Whether host launch time is inside the timed region (``timing_launch_cost``), as reported.
+LAUNCH_EXCLUDED = "excluded"  # the device runs the whole call back to back; host launch time is not timed
+LAUNCH_INCLUDED = "included"  # the region opens before forward is called: eager launch time counts
+LAUNCH_COSTS = (LAUNCH_EXCLUDED, LAUNCH_INCLUDED)
+LAUNCH_MIXED = "mixed"  # excluded was asked for, but some timed calls opened before they were queued
+
 
 def _finite_or_none(value: Optional[float]) -> Optional[float]:
     if value is None or not math.isfinite(value):
@@ -42,6 +48,7 @@ class SpeedupReport:
     warmup: int = 0
     remeasures: int = 0
     mode: str = "counts"
+    launch_cost: str = LAUNCH_INCLUDED  # whether host launch time is in the reported times
     cut_to_budget: bool = False
     method: str = ""
     elapsed_s: float = 0.0
@@ -73,6 +80,7 @@ class SpeedupReport:
             "warmup": int(self.warmup),
             "remeasures": int(self.remeasures),
             "mode": self.mode,
+            "launch_cost": self.launch_cost,
             "cut_to_budget": bool(self.cut_to_budget),
             "method": self.method,
             "elapsed_s": round(float(self.elapsed_s), 4),

@@ -11,12 +11,33 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Sequence
 
+from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
 
 # Bytes to write per flush when the device does not report its L2 size (covers H100/H200's 50 MB).
 FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024
 # The flush buffer is this many times the L2 size.
 FLUSH_L2_MULTIPLE = 2
+
+# The launch gate: first guess, floor, ceiling and margin over the host's enqueue time.
+GATE_FIRST_MS = 1.0
+GATE_FIRST_CYCLES_PER_MS = 1.5e6  # a 1.5 GHz SM clock; corrected by the first gate's events
+GATE_MIN_MS = 0.05
+GATE_MIN_CYCLES = 1000
+GATE_MAX_MS = 50.0
+# The gate outlasts the slowest of the role's last GATE_HISTORY enqueue times by GATE_MARGIN
+# times, and by GATE_HEADROOM_MS at least: a host hiccup of a tenth of a millisecond (seen on
+# virtualised hosts) must not open it early.
+GATE_MARGIN = 3.0
+GATE_HEADROOM_MS = 0.2
+GATE_HISTORY = 8
+
+# Outputs above this many elements are compared a slice at a time: the comparison works in
+# float64 with several temporaries of the output's size, which a multi-GB output cannot have
+# beside the timer's own buffers on an 80 GB GPU. (The verifier caps inputs far below this.)
+COMPARE_SLICE = 1 << 27
+# Elements fingerprinted at a time (float64 temporaries of 512 MB each).
+FINGERPRINT_CHUNK = 1 << 26
 
 # Bound once at import so a candidate that rebinds time.perf_counter later cannot fool the
 # wall-clock cross-check.
@@ -42,23 +63,58 @@ def outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
     the relative-error bound), so the timer is never more lenient than correctness was."""
     from extensions.verify.compare import compare_outputs
 
-    if not flatten_tensors(reference):
+    tensors = flatten_tensors(reference)
+    if not tensors:
         return False
+    if max(t.numel() for t in tensors) <= COMPARE_SLICE:
+        return compare_outputs(candidate, reference, config) is None
+    return _sliced_outputs_close(reference, candidate, config)
+
+
+def _sliced_outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
+    """``compare_outputs`` on matching slices of each tensor above ``COMPARE_SLICE`` elements, after
+    checking structure, shape and dtype whole. The element-wise rules are the same per slice; the
+    relative-error bound holding on every slice implies it for the whole tensor."""
+    import torch
+
+    from extensions.verify.compare import compare_outputs
+
+    if isinstance(reference, torch.Tensor):
+        if not isinstance(candidate, torch.Tensor) or candidate.shape != reference.shape \
+                or candidate.dtype != reference.dtype:
+            return False
+        flat_ref, flat_cand = reference.reshape(-1), candidate.reshape(-1)
+        return all(
+            compare_outputs(flat_cand[begin:begin + COMPARE_SLICE], flat_ref[begin:begin + COMPARE_SLICE], config) is None
+            for begin in range(0, flat_ref.numel(), COMPARE_SLICE)
+        )
+    if isinstance(reference, (list, tuple)):
+        return isinstance(candidate, (list, tuple)) and len(candidate) == len(reference) and all(
+            _sliced_outputs_close(r, c, config) for r, c in zip(reference, candidate))
     return compare_outputs(candidate, reference, config) is None
 
 
 def fingerprint(output: Any) -> list:
     """Per output tensor: its sum, a weighted sum (fixed pseudo-random weights in [0, 1)) and the
-    sum of absolute values, in float64 on the output's device (no host synchronisation)."""
+    sum of absolute values, in float64 on the output's device (no host synchronisation).
+
+    Worked through in chunks of ``FINGERPRINT_CHUNK`` elements: float64 temporaries of a whole
+    multi-GB output are several times its size, and on a GPU with little headroom they force the
+    caching allocator to return memory to the driver and ask for it again inside timed calls.
+    """
     import torch
 
     prints = []
     for tensor in flatten_tensors(output):
-        values = torch.nan_to_num(tensor.detach().reshape(-1).to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
-        positions = torch.arange(values.numel(), device=values.device, dtype=torch.float64)
-        weights = torch.frac(positions * 0.6180339887498949)
-        prints.append((torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()]), values.numel(),
-                       tensor.dtype))
+        flat = tensor.detach().reshape(-1)
+        sums = torch.zeros(3, dtype=torch.float64, device=flat.device)
+        for begin in range(0, flat.numel(), FINGERPRINT_CHUNK):
+            chunk = flat[begin:begin + FINGERPRINT_CHUNK]
+            values = torch.nan_to_num(chunk.to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+            positions = torch.arange(begin, begin + chunk.numel(), device=flat.device, dtype=torch.float64)
+            weights = torch.frac(positions * 0.6180339887498949)
+            sums += torch.stack([values.sum(), (values * weights).sum(), values.abs().sum()])
+        prints.append((sums, flat.numel(), tensor.dtype))
     return prints
 
 
@@ -92,7 +148,8 @@ def timer_bindings() -> list:
 
     bound = [(time, "perf_counter"), (time, "perf_counter_ns"), (time, "monotonic")]
     if torch.cuda.is_available():
-        bound += [(torch.cuda, "Event"), (torch.cuda, "synchronize"), (torch.cuda, "current_stream")]
+        bound += [(torch.cuda, "Event"), (torch.cuda, "synchronize"), (torch.cuda, "current_stream"),
+                  (torch.cuda, "_sleep")]
         bound += [(torch.cuda.Event, name) for name in ("record", "elapsed_time", "synchronize", "query")]
     return [(owner, name, getattr(owner, name, None)) for owner, name in bound]
 
@@ -156,7 +213,10 @@ class _RunnerBase:
         self.config = config
         self._last: dict[str, Any] = {}
         self._prints: dict[str, list] = {}
-        self._previous_candidate: Any = None  # kept alive so its storage cannot be handed out again
+        # Each role's output before the last, kept alive so its storage cannot be handed out again.
+        # Kept for the reference too: both models then allocate against the same allocator state,
+        # so the same module timed against itself lands its outputs alike.
+        self._previous: dict[str, Any] = {REFERENCE: None, CANDIDATE: None}
         self._timer_bindings = timer_bindings()
 
     @property
@@ -188,12 +248,12 @@ class _RunnerBase:
         """Stores the output; returns whether a candidate returned a still-held earlier storage."""
         reused = False
         if role == CANDIDATE:
-            earlier = {t.data_ptr() for t in flatten_tensors(self._previous_candidate)}
+            earlier = {t.data_ptr() for t in flatten_tensors(self._previous[CANDIDATE])}
             earlier |= {t.data_ptr() for t in flatten_tensors(self._last.get(CANDIDATE))}
             earlier -= self.inputs.data_pointers()  # a view of its input is not a cached result
             earlier.discard(0)
             reused = any(t.data_ptr() in earlier for t in flatten_tensors(output))
-            self._previous_candidate = self._last.get(CANDIDATE)
+        self._previous[role] = self._last.get(role)
         self._last[role] = output
         self._prints[role] = fingerprint(output)  # after the timed region: costs no measured time
         return reused
@@ -202,14 +262,16 @@ class _RunnerBase:
 class HostTrialRunner(_RunnerBase):
     """Host-clock timing (no events, no cache flush): CPU runs and the benchmark's dry run."""
 
-    method = "paired-interleaved/host-clock/rotating-inputs/median-of-ratios/bootstrap-ci"
+    method = "paired-interleaved/host-clock/rotating-inputs/order-balanced-median/bootstrap-ci"
+    launch_cost = LAUNCH_INCLUDED  # the host clock runs from before forward is called
 
     def time_call(self, role: str) -> CallTiming:
         started = _perf_counter()
         output = self._forward(role)
         wall_ms = (_perf_counter() - started) * 1000.0
         reused = self._keep_output(role, output)
-        return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused)
+        return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused,
+                          hidden_ms=0.0)
 
 
 def l2_flush_bytes(device) -> int:
@@ -224,11 +286,20 @@ class CudaTrialRunner(_RunnerBase):
     """CUDA-event timing with an L2 flush before every call and a device-wide end of region.
 
     Per call: flush L2 (write a buffer twice its size), synchronise the device, read the host
-    clock, record ``start`` on the calling stream, run forward, record ``end_stream`` on that
-    stream, synchronise the whole device (work the model left on ANY stream), read the host clock,
-    record ``end_device``. ``end_stream - start`` is the precise time of same-stream work;
-    ``end_device - start`` bounds work on every stream (plus synchronisation latency, which the
-    schedule subtracts using the reference's own latency); the host interval cross-checks both.
+    clock; with ``launch_cost: excluded`` hold the stream in a gate (see ``LaunchGate``); record
+    ``start``, run forward, record ``end_stream`` on the calling stream. Then wait for that event
+    alone, record ``mark``, synchronise the whole device (work the model left on ANY stream), read
+    the host clock and record ``settled``.
+
+    ``end_stream - start`` is the precise time of same-stream work. ``settled - mark`` is what the
+    device still had to do once the calling stream was done, plus one host round trip: both events
+    are recorded by a host that is already awake, so the wake-up latency after a long wait is in
+    neither. The round trip itself is not a constant (it was seen 15 us longer after some PyTorch
+    modules than after others on an H100 host), so the same round trip is timed again right after
+    (``control_mark`` to ``control_settled``), when nothing can be pending, and ``hidden_ms`` is the
+    difference: work left on other streams, and nothing else. The schedule compares it with the
+    reference's and charges ``settled - start`` minus the reference's own post-stream window when
+    it finds some. The host interval cross-checks both.
     """
 
     def __init__(self, reference, candidate, input_sets, config, device=None):
@@ -242,34 +313,108 @@ class CudaTrialRunner(_RunnerBase):
             )
         self.device = torch.device(device)
         self.use_events = bool(getattr(config, "timing_use_events", True))
+        launch_cost = str(getattr(config, "timing_launch_cost", LAUNCH_EXCLUDED))
+        if launch_cost not in LAUNCH_COSTS:
+            raise ValueError(f"timing_launch_cost must be one of {', '.join(LAUNCH_COSTS)}, got {launch_cost!r}")
+        self.gate = LaunchGate() if launch_cost == LAUNCH_EXCLUDED and self.use_events else None
+        self.launch_cost = LAUNCH_EXCLUDED if self.gate is not None else LAUNCH_INCLUDED
         self.flush_buffer = torch.empty(l2_flush_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
         self.events = {
-            role: tuple(torch.cuda.Event(enable_timing=True) for _ in range(3)) for role in (REFERENCE, CANDIDATE)
+            role: {name: torch.cuda.Event(enable_timing=True)
+                   for name in ("gate", "start", "end_stream", "mark", "settled", "control_mark", "control_settled")}
+            for role in (REFERENCE, CANDIDATE)
         }
         clock = "cuda-events+device-sync+wall-check" if self.use_events else "host-clock+device-sync"
-        self.method = f"paired-interleaved/{clock}/l2-flush/rotating-inputs/median-of-ratios/bootstrap-ci"
+        launch = "gated-launch" if self.gate is not None else "eager-launch"
+        self.method = f"paired-interleaved/{clock}/{launch}/l2-flush/rotating-inputs/order-balanced-median/bootstrap-ci"
 
     def time_call(self, role: str) -> CallTiming:
         import torch
 
-        start, end_stream, end_device = self.events[role]
+        events = self.events[role]
         stream = torch.cuda.current_stream(self.device)
+        gated = self.gate is not None and self.gate.active(role)
         self.flush_buffer.zero_()
         torch.cuda.synchronize(self.device)
         started = _perf_counter()
-        start.record(stream)
+        if gated:
+            cycles = self.gate.cycles(role)
+            events["gate"].record(stream)
+            torch.cuda._sleep(cycles)
+        events["start"].record(stream)
         output = self._forward(role)
-        end_stream.record(stream)
+        events["end_stream"].record(stream)
+        # Still waiting at the gate once everything is queued: no host launch time is in the region.
+        held = gated and not events["start"].query()
+        enqueue_ms = (_perf_counter() - started) * 1000.0
+        events["end_stream"].synchronize()
+        events["mark"].record(stream)
         torch.cuda.synchronize(self.device)
         wall_ms = (_perf_counter() - started) * 1000.0
-        end_device.record(stream)
-        end_device.synchronize()
+        events["settled"].record(stream)
+        events["settled"].synchronize()
+        # The same round trip once more, on a device with nothing left to do: what the host's
+        # state right after this call adds to such a window, without any pending work in it.
+        events["control_mark"].record(stream)
+        torch.cuda.synchronize(self.device)
+        events["control_settled"].record(stream)
+        events["control_settled"].synchronize()
         reused = self._keep_output(role, output)
+        gate_ms = events["gate"].elapsed_time(events["start"]) if gated else 0.0
+        if gated:
+            self.gate.update(role, cycles, gate_ms, enqueue_ms, held)
+        wall_ms -= gate_ms  # the host waited out the gate; the events start after it
         if not self.use_events:
-            return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused)
+            return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused,
+                              hidden_ms=0.0)
+        round_trip_ms = events["control_mark"].elapsed_time(events["control_settled"])
         return CallTiming(
-            stream_ms=start.elapsed_time(end_stream),
-            device_ms=start.elapsed_time(end_device),
+            stream_ms=events["start"].elapsed_time(events["end_stream"]),
+            device_ms=events["start"].elapsed_time(events["settled"]),
             wall_ms=wall_ms,
             output_reused=reused,
+            hidden_ms=events["mark"].elapsed_time(events["settled"]) - round_trip_ms,
+            round_trip_ms=round_trip_ms,
+            launch_excluded=held,
         )
+
+
+class LaunchGate:
+    """Holds the calling stream in a spin kernel (``torch.cuda._sleep``) while the host enqueues
+    one call, so the timed region opens with the whole call already queued: the device runs it back
+    to back, as it does for a caller that launches ahead of the GPU, and the host's launch time
+    (Python, the Triton launcher, the driver) is outside the measurement.
+
+    The gate is sized per role from the host's enqueue times of that role's recent calls (see
+    ``GATE_MARGIN``), in spin cycles converted with the rate the last gate showed. A gate that opened
+    before the host finished enqueuing (the call waited for the device, or the host stalled) is
+    reported by the call, and the role's next gate is twice as long; a role whose gate opens early
+    even at ``GATE_MAX_MS`` is timed without a gate from then on.
+    """
+
+    def __init__(self):
+        self.cycles_per_ms = GATE_FIRST_CYCLES_PER_MS
+        self.target_ms = {REFERENCE: GATE_FIRST_MS, CANDIDATE: GATE_FIRST_MS}
+        self.enqueue_ms: dict[str, list[float]] = {REFERENCE: [], CANDIDATE: []}
+        self.abandoned: set[str] = set()
+
+    def active(self, role: str) -> bool:
+        return role not in self.abandoned
+
+    def cycles(self, role: str) -> int:
+        return max(GATE_MIN_CYCLES, int(self.target_ms[role] * self.cycles_per_ms))
+
+    def update(self, role: str, cycles: int, gate_ms: float, enqueue_ms: float, held: bool) -> None:
+        if gate_ms > GATE_MIN_MS / 2:
+            self.cycles_per_ms = cycles / gate_ms
+        recent = self.enqueue_ms[role]
+        if held:  # an early-opened gate's enqueue time may hold compilation or a wait for the device
+            recent.append(enqueue_ms)
+            del recent[:-GATE_HISTORY]
+        slowest = max(recent, default=enqueue_ms)
+        wanted = max(GATE_MARGIN * slowest, slowest + GATE_HEADROOM_MS, GATE_MIN_MS)
+        if not held:
+            if self.target_ms[role] >= GATE_MAX_MS:
+                self.abandoned.add(role)
+            wanted = max(wanted, 2.0 * self.target_ms[role])
+        self.target_ms[role] = min(wanted, GATE_MAX_MS)

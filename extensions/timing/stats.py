@@ -2,17 +2,21 @@
 
 Pure Python + NumPy so every number the timer reports can be checked on a CPU.
 
-The speedup of one measurement is the median of the per-pair ratios ``ref_i / cand_i``: each pair
-was timed back to back, so clock and thermal drift that move both times cancel in the ratio, and
-the median ignores the odd trial hit by an outside disturbance. Its precision is the bootstrap over
-pairs: ``cv`` is the standard deviation of the bootstrap medians over the estimate (the relative
+The speedup of one measurement is a median of per-pair ratios ``ref_i / cand_i``: each pair was
+timed back to back, so clock and thermal drift that move both times cancel in the ratio, and the
+median ignores the odd trial hit by an outside disturbance. Pairs alternate which model runs first;
+when the order is known, each pair is joined with the next one of the other order into a block
+whose ratio is the geometric mean of the two, and the median is taken over blocks. A first-call
+(or second-call) effect then cancels inside every block instead of splitting the ratios into two
+clusters, between which a plain median jumps from run to run. Its precision is the bootstrap over
+blocks: ``cv`` is the standard deviation of the bootstrap medians over the estimate (the relative
 standard error of the reported speedup), ``trial_cv`` is the spread of single ratios.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -60,6 +64,23 @@ def paired_ratios(ref_ms: Sequence[float], cand_ms: Sequence[float]) -> np.ndarr
     return ref / cand
 
 
+def order_balanced_ratios(ratios: np.ndarray, reference_first: Optional[Sequence[bool]]) -> np.ndarray:
+    """Geometric means of consecutive pairs run in opposite orders (one block each); a pair left
+    without a partner is dropped, unless no block forms at all. Without orders: the ratios."""
+    if reference_first is None:
+        return ratios
+    if len(reference_first) != len(ratios):
+        raise ValueError(f"{len(reference_first)} orders for {len(ratios)} paired trials")
+    blocks, index = [], 0
+    while index + 1 < len(ratios):
+        if bool(reference_first[index]) != bool(reference_first[index + 1]):
+            blocks.append(math.sqrt(ratios[index] * ratios[index + 1]))
+            index += 2
+        else:
+            index += 1
+    return np.asarray(blocks, dtype=np.float64) if blocks else ratios
+
+
 def bootstrap_median_ratio(ratios: np.ndarray, samples: int, seed: int) -> np.ndarray:
     """Medians of ``samples`` resamples (with replacement) of the paired ratios."""
     if samples < 1:
@@ -94,12 +115,19 @@ class PairedSummary:
 
 
 def summarize_pairs(
-    ref_ms: Sequence[float], cand_ms: Sequence[float], *, bootstrap_samples: int = 1000, seed: int = 0
+    ref_ms: Sequence[float],
+    cand_ms: Sequence[float],
+    *,
+    bootstrap_samples: int = 1000,
+    seed: int = 0,
+    reference_first: Optional[Sequence[bool]] = None,
 ) -> PairedSummary:
+    """``reference_first[i]``: whether pair i ran the reference first (enables order balancing)."""
     ratios = paired_ratios(ref_ms, cand_ms)
-    speedup = float(np.median(ratios))
-    if len(ratios) >= 2:
-        boot = bootstrap_median_ratio(ratios, bootstrap_samples, seed)
+    blocks = order_balanced_ratios(ratios, reference_first)
+    speedup = float(np.median(blocks))
+    if len(blocks) >= 2:
+        boot = bootstrap_median_ratio(blocks, bootstrap_samples, seed)
         low, high = np.percentile(boot, [2.5, 97.5])
         ci = (float(low), float(high))
         cv = float(boot.std(ddof=1) / speedup) if bootstrap_samples > 1 else float("nan")
