@@ -176,6 +176,9 @@ class VerifierConfig:
     # Without the fork server: start each slot's next worker (imports done, no candidate yet) while
     # the current one runs; on GPUs and where CPU cores are left over. One candidate per worker.
     prespawn_workers: bool = True
+    # CUDA: a trusted warm-up builds Triton's C modules (driver utilities, launchers of common
+    # kernel signatures) once per batch; each candidate's private Triton cache starts as a copy.
+    prebuilt_triton_cache: bool = True
     # Host memory a candidate's processes may take beyond the worker's own (interpreter, torch,
     # Triton); above it the tree is killed (memory_limit). 0: no cap.
     memory_limit_mb: int = 3072

@@ -9,6 +9,11 @@ Either way a worker judges exactly one candidate in a directory nobody else is g
 * ``process``: each candidate gets its own private root (``mkdtemp``, mode 0700) outside the
   batch's directory. Workers import the verifier from a copy, never from the checkout.
 
+On CUDA every candidate's private Triton cache starts as a copy of the verifier's pre-built one
+(``triton_cache``: Triton's C modules, built once per batch by a trusted warm-up before any
+candidate runs), so no candidate pays for the host C compiler runs its predecessors already made,
+and none can write what another loads.
+
 No input file is shared between candidates: the judge writes each candidate's job, init inputs and
 (just before each run) one set's inputs into its directory from the parent's memory, hashes each
 from the bytes written (``write_private``) and sends the hashes on the worker's private control
@@ -26,6 +31,7 @@ from typing import Optional
 
 from .forkserver import ForkServer, inside_path
 from .sandbox import SandboxedProcess, private_code_copy, remove_tree
+from .triton_cache import TritonCacheSeed, cache_dir_of
 
 
 def write_private(path: str, data: bytes) -> str:
@@ -52,9 +58,34 @@ class WorkerLauncher:
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
         self._dirs: set[str] = set()
+        self.triton_seed: Optional[TritonCacheSeed] = None
+        self._seed_thread: Optional[threading.Thread] = None
+        if device == "cuda" and getattr(config, "prebuilt_triton_cache", True) and total > 0:
+            # Built while the fork servers import and the reference data is prepared.
+            first_gpu = next((g for g in (slots or []) if g is not None), 0)
+            self._seed_thread = threading.Thread(target=self._build_seed, args=(first_gpu,), daemon=True)
+            self._seed_thread.start()
         if self.use_fork_server:
             for gpu in (slots or [])[: max(0, total)]:
                 self._idle.setdefault(gpu, []).append(self._start_server(gpu))
+
+    # -- the pre-built Triton cache ----------------------------------------------------------------
+
+    def _build_seed(self, gpu: Optional[int]) -> None:
+        self.triton_seed = TritonCacheSeed.build(
+            self.work_root, device=self.device, gpu_index=gpu, isolation=self.isolation,
+            timeout_s=max(60.0, self.config.timeout_s), pythonpath=self.pythonpath)
+        if not self.triton_seed.files:
+            print(f"verifier: no pre-built Triton cache ({self.triton_seed.note}); each candidate builds its own",
+                  file=sys.stderr)
+
+    def _seed(self, directory: str) -> None:
+        """Copy the pre-built Triton cache into a new candidate directory (its private cache)."""
+        if self._seed_thread is not None:
+            self._seed_thread.join(timeout=max(60.0, self.config.timeout_s) + 30)
+        seed = self.triton_seed
+        if seed is not None and seed.files:
+            seed.write_into(cache_dir_of(directory))
 
     # -- directories -----------------------------------------------------------------------------
 
@@ -66,6 +97,7 @@ class WorkerLauncher:
             directory = tempfile.mkdtemp(prefix="cand-", dir=parent)
         with self._lock:
             self._dirs.add(directory)
+        self._seed(directory)
         return directory
 
     def _remove_dir(self, directory: str) -> None:

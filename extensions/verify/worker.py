@@ -326,12 +326,13 @@ def _sandbox_failure(exc: AlteredFile) -> dict:
 
 class _Verdicts:
     """Writes status files, each after checking that the worker's code and the audit's hooks are
-    as they were before the candidate was imported."""
+    as they were before the candidate was imported, with the worker's phase seconds so far."""
 
-    def __init__(self, snapshot, audit):
-        self.snapshot, self.audit = snapshot, audit
+    def __init__(self, snapshot, audit, clock):
+        self.snapshot, self.audit, self.clock = snapshot, audit, clock
 
     def write(self, name: str, status: dict) -> None:
+        status["phase_s"] = self.clock.as_dict()
         changed = self.snapshot.changes()
         if changed or not self.audit.hooks_intact():
             flags = status.setdefault("flags", [])
@@ -393,20 +394,37 @@ def limit_memory(limit_mb: int, device: str) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+def _start_cuda(clock) -> None:
+    """Create the CUDA context and load Triton's driver utilities in trusted code, before the
+    candidate's model is built: both are per-process start-up costs (the driver utilities come from the
+    private Triton cache the parent seeded, or from a C compiler run), not the candidate's work."""
+    import torch
+    import triton
+
+    with clock.phase("cuda_init"):
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+    with clock.phase("triton_driver"):
+        triton.runtime.driver.active.utils.get_current_device()
+
+
 def serve(control) -> None:
     """Judge one candidate in the current directory, driven by lines on ``control``."""
     import torch
 
     from . import interpreter_compat
     from .audit import RuntimeAudit, warm_up_profiler
+    from .phases import PhaseClock
     from .privileges import drop_privileges
     from .proctree import become_subreaper
 
     command = control.readline().split()
     if not command or command[0] != "go":
         return
+    clock = PhaseClock()
     become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
-    warm_up_profiler()  # milliseconds where it was warmed while waiting; a forked CUDA child's first
+    with clock.phase("profiler_warmup"):
+        warm_up_profiler()  # milliseconds where it was warmed while waiting; a forked CUDA child's first
     try:
         job, inits, candidate_source = _read_job(command[1:])
     except AlteredFile as exc:
@@ -414,6 +432,7 @@ def serve(control) -> None:
         return
     device = "cuda" if job["device"] != "cpu" else "cpu"
     order = None
+    clock.count_c_builds()
     if device == "cpu":
         torch.set_num_threads(1)
         order = interpreter_compat.install()
@@ -421,17 +440,21 @@ def serve(control) -> None:
         interpreter_compat.benchmark_autotune_with_events()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
     drop_privileges()  # no capability left to read other processes of this user (process isolation)
-    audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
-    audit.install()
-    # Taken here, in the candidate's own process (a forked child included), before its import.
-    verdicts = _Verdicts(_snapshot(device), audit)
+    with clock.phase("audit_install"):
+        audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
+        audit.install()
+        # Taken here, in the candidate's own process (a forked child included), before its import.
+        verdicts = _Verdicts(_snapshot(device), audit, clock)
     try:
-        with audit.construction() as report:
+        with clock.phase("import"), audit.construction() as report:
             model_cls, flags = import_candidate(candidate_source)
         details = dict(report.details)
         flags += [f for f in report.flags if f not in flags]
         models = Models(model_cls, inits, int(job["seed"]), device, audit)
-        _model, built_flags = models.get(0)
+        if device != "cpu":  # after the import: a candidate that does not import never pays for CUDA
+            _start_cuda(clock)
+        with clock.phase("build"):
+            _model, built_flags = models.get(0)
     except BaseException as exc:  # noqa: BLE001 - import errors, SystemExit, anything
         verdicts.write("compile.json", {"ok": False, "error": short_error(exc)})
         return
@@ -449,10 +472,15 @@ def serve(control) -> None:
         except AlteredFile as exc:
             verdicts.write(f"set_{index}.json", _sandbox_failure(exc))
             return
-        verdicts.write(f"set_{index}.json", run_set(models, index, set_spec, inputs, device, audit, order))
+        # The first set pays the kernel's compilation (and its launcher's, where Triton builds one).
+        with clock.phase("first_set" if "first_set" not in clock.seconds else "other_sets"):
+            status = run_set(models, index, set_spec, inputs, device, audit, order)
+        verdicts.write(f"set_{index}.json", status)
     command = control.readline().split()
     if command and command[0] == "time" and job.get("timing"):
-        verdicts.write("timing.json", run_timing(job, models, device, command[1:]))
+        with clock.phase("timing"):
+            status = run_timing(job, models, device, command[1:])
+        verdicts.write("timing.json", status)
 
 
 def private_control_channel():
