@@ -307,6 +307,7 @@ def main() -> None:
             "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
             "correct": summary["correct"], "isolation": results[-1].isolation if results else "-",
         })
+        print(f"done: {json.dumps(rows[-1])}\n{phase_table({key: breakdowns[key]})}", file=sys.stderr, flush=True)
     if not args.skip_baseline:
         started = time.monotonic()
         verdicts = run_baseline(batch, args.device, workers, config.timeout_s)

@@ -40,7 +40,8 @@ from .sandbox import (INSIDE_WORK_DIR, BoundedReader, ProcessOutcome, per_candid
 # -- the server (inside the sandbox) --------------------------------------------------------------
 
 class _Server:
-    def __init__(self, events_fd: int):
+    def __init__(self, events_fd: int, device: str):
+        self.device = device
         # Commands arrive on a private copy of stdin; fd 0 becomes /dev/null for the children.
         self.control_fd = os.dup(0)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -90,7 +91,7 @@ class _Server:
                 os.close(write_end)
                 os.close(self.control_fd)
                 os.close(self.events.fileno())
-                self._become_candidate(directory, read_end)
+                self._become_candidate(directory, read_end, self.device)
             finally:
                 os._exit(0)
         os.close(read_end)
@@ -98,15 +99,21 @@ class _Server:
         self.emit(event="started", pid=pid)
 
     @staticmethod
-    def _become_candidate(directory: str, control_fd: int) -> None:
-        from .worker import serve
+    def _become_candidate(directory: str, control_fd: int, device: str) -> None:
+        from .phases import PhaseClock
+        from .worker import serve, warm_up_cuda
 
         os.setsid()
         proctree.die_with_parent()
         os.chdir(directory)
         os.umask(0o077)
         os.environ.update(per_candidate_env(directory))
-        serve(os.fdopen(control_fd, "r"))
+        clock = PhaseClock()
+        if device != "cpu":
+            # Trusted start-up while the child waits for its candidate (its directory is its own:
+            # nothing else runs in this server's sandbox until it is given one).
+            warm_up_cuda(clock)
+        serve(os.fdopen(control_fd, "r"), clock)
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -161,8 +168,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="verifier fork server (started by the verifier)")
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--warm-profiler", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    _Server(args.events_fd).run(args.warm_profiler)
+    _Server(args.events_fd, args.device).run(args.warm_profiler)
     os._exit(0)
 
 
@@ -186,7 +194,8 @@ class ForkServer:
         self.work_dir = work_dir  # host path; the candidates' directories are made inside it
         self.memory_limit_kb = memory_limit_kb
         read_end, write_end = os.pipe()
-        argv = [sys.executable, "-m", "extensions.verify.forkserver", "--events-fd", str(write_end)]
+        argv = [sys.executable, "-m", "extensions.verify.forkserver", "--events-fd", str(write_end),
+                "--device", device]
         if device == "cpu":
             argv.append("--warm-profiler")
         self.proc = start_process(argv, work_dir, device=device, gpu_index=gpu_index, isolation=isolation,
@@ -200,6 +209,9 @@ class ForkServer:
         self._out.start()
         self._err.start()
         self._host_pid: Optional[int] = None
+        # The child forked ahead of its candidate (``WorkerLauncher``), and whether forking it is done.
+        self.next_worker: Optional["ForkedWorker"] = None
+        self.prefork_done = threading.Event()
         threading.Thread(target=self._read_events, daemon=True).start()
 
     def _read_events(self) -> None:

@@ -42,6 +42,11 @@ def write_private(path: str, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# Fork servers per worker slot. On CUDA a child's start-up (CUDA context, CUPTI) takes seconds, so
+# each slot has two servers: one runs a candidate while the other's next child warms up.
+SERVERS_PER_SLOT = {"cuda": 2}
+
+
 class WorkerLauncher:
     """Hands out one fresh worker per candidate (``take``) and takes it back (``release``)."""
 
@@ -66,8 +71,11 @@ class WorkerLauncher:
             self._seed_thread = threading.Thread(target=self._build_seed, args=(first_gpu,), daemon=True)
             self._seed_thread.start()
         if self.use_fork_server:
-            for gpu in (slots or [])[: max(0, total)]:
-                self._idle.setdefault(gpu, []).append(self._start_server(gpu))
+            per_slot = SERVERS_PER_SLOT.get(device, 1)
+            for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
+                server = self._start_server(gpu)
+                self._idle.setdefault(gpu, []).append(server)
+                threading.Thread(target=self._prefork, args=(server,), daemon=True).start()
 
     # -- the pre-built Triton cache ----------------------------------------------------------------
 
@@ -125,27 +133,55 @@ class WorkerLauncher:
             device=self.device, gpu_index=gpu, isolation=self.isolation,
             max_output_bytes=self.config.max_output_bytes, pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
 
+    def _prefork(self, server: ForkServer) -> None:
+        """Fork the server's next child now, in a fresh directory of its own: it starts CUDA and
+        the profiler while the slot's other server runs a candidate. Nothing else runs in this
+        server's sandbox meanwhile (its previous candidate is dead and the directory wiped)."""
+        try:
+            if server.wait_ready(max(60.0, self.config.timeout_s)):
+                directory = self.candidate_dir(server)
+                server.next_worker = server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+        except Exception:  # noqa: BLE001 - take() forks on demand instead
+            server.next_worker = None
+        finally:
+            server.prefork_done.set()
+
     def _take_server(self, gpu: Optional[int]) -> ForkServer:
         with self._lock:
             idle = self._idle.get(gpu) or []
-            server = idle.pop() if idle else None
+            server = idle.pop(0) if idle else None  # the longest idle: its child has warmed up longest
         if server is not None and not server.alive:
             server.close()
             server = None
-        server = server or self._start_server(gpu)
+        if server is None:  # none left for this slot (one died): a new one, forked on demand
+            server = self._start_server(gpu)
+            server.prefork_done.set()
         if not server.wait_ready(max(60.0, self.config.timeout_s)):
             server.close()
             raise RuntimeError("the verifier's fork server did not start")
         return server
+
+    def _take_forked(self, gpu: Optional[int]):
+        """The next server's child forked ahead (warm), or one forked now."""
+        for _attempt in range(3):
+            server = self._take_server(gpu)
+            server.prefork_done.wait(max(60.0, self.config.timeout_s))
+            worker, server.next_worker = server.next_worker, None
+            if worker is None:
+                directory = self.candidate_dir(server)
+                return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+            if worker.poll() is None:
+                worker.started = time.monotonic()
+                return worker
+            self.release(worker, gpu, reuse=False)  # the warm child died: clean up, fork another
+        raise RuntimeError("the verifier's fork server lost three children before their candidates")
 
     def take(self, gpu: Optional[int]):
         """A worker for one candidate: a forked child (fork server) or a fresh process."""
         with self._lock:
             self._to_start -= 1
         if self.use_fork_server:
-            server = self._take_server(gpu)
-            directory = self.candidate_dir(server)
-            return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+            return self._take_forked(gpu)
         with self._lock:
             spares = self._spares.get(gpu) or []
             proc = spares.pop() if spares else None
@@ -160,9 +196,9 @@ class WorkerLauncher:
                     self._spares.setdefault(gpu, []).append(self._spawn(gpu))
         return proc
 
-    def release(self, proc, gpu: Optional[int]) -> None:
+    def release(self, proc, gpu: Optional[int], reuse: bool = True) -> None:
         """After the verdict: kill what is left of the candidate, remove its directory, and give
-        its fork server back for the slot's next candidate."""
+        its fork server back for the slot's next candidate (whose child it forks at once)."""
         proc.kill()
         server = getattr(proc, "server", None)
         if server is not None:
@@ -175,8 +211,14 @@ class WorkerLauncher:
             for name in os.listdir(server.work_dir):
                 remove_tree(os.path.join(server.work_dir, name))
         if server is not None and server.alive:
+            server.prefork_done.clear()
             with self._lock:
+                more = self._to_start > 0
                 self._idle.setdefault(gpu, []).append(server)
+            if more and reuse:
+                self._prefork(server)
+            else:
+                server.prefork_done.set()
 
     def discard(self, proc: SandboxedProcess) -> None:
         proc.kill()

@@ -394,22 +394,31 @@ def limit_memory(limit_mb: int, device: str) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
-def _start_cuda(clock) -> None:
-    """Create the CUDA context and load Triton's driver utilities in trusted code, before the
-    candidate's model is built: both are per-process start-up costs (the driver utilities come from the
-    private Triton cache the parent seeded, or from a C compiler run), not the candidate's work."""
+def warm_up_cuda(clock) -> None:
+    """Create the CUDA context, start the profiler once with CUDA activity (its first start
+    initialises CUPTI: seconds) and load Triton's driver utilities, all in trusted code before the
+    candidate is imported: per-process start-up costs, not the candidate's work. A forked child
+    does this while it waits for its candidate; a no-op the second time."""
     import torch
     import triton
 
+    from .audit import warm_up_profiler
+
+    if getattr(warm_up_cuda, "done", False):
+        return
     with clock.phase("cuda_init"):
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
+    with clock.phase("profiler_warmup"):
+        warm_up_profiler(cuda=True)
     with clock.phase("triton_driver"):
-        triton.runtime.driver.active.utils.get_current_device()
+        triton.runtime.driver.active.utils  # noqa: B018 - loads (or builds) the driver utilities
+    warm_up_cuda.done = True
 
 
-def serve(control) -> None:
-    """Judge one candidate in the current directory, driven by lines on ``control``."""
+def serve(control, clock=None) -> None:
+    """Judge one candidate in the current directory, driven by lines on ``control``; ``clock``
+    holds the phases of a start-up done before (a forked child's warm-up)."""
     import torch
 
     from . import interpreter_compat
@@ -421,10 +430,9 @@ def serve(control) -> None:
     command = control.readline().split()
     if not command or command[0] != "go":
         return
-    clock = PhaseClock()
+    clock = clock or PhaseClock()
     become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
-    with clock.phase("profiler_warmup"):
-        warm_up_profiler()  # milliseconds where it was warmed while waiting; a forked CUDA child's first
+    warm_up_profiler()  # milliseconds where it was warmed while waiting
     try:
         job, inits, candidate_source = _read_job(command[1:])
     except AlteredFile as exc:
@@ -452,7 +460,7 @@ def serve(control) -> None:
         flags += [f for f in report.flags if f not in flags]
         models = Models(model_cls, inits, int(job["seed"]), device, audit)
         if device != "cpu":  # after the import: a candidate that does not import never pays for CUDA
-            _start_cuda(clock)
+            warm_up_cuda(clock)
         with clock.phase("build"):
             _model, built_flags = models.get(0)
     except BaseException as exc:  # noqa: BLE001 - import errors, SystemExit, anything
