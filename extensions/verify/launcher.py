@@ -88,7 +88,8 @@ class WorkerLauncher:
                   file=sys.stderr)
 
     def _seed(self, directory: str) -> None:
-        """Copy the pre-built Triton cache into a new candidate directory (its private cache)."""
+        """Copy the pre-built Triton cache into a candidate directory's private cache (before its
+        candidate arrives; modules its still trusted process built itself are kept)."""
         if self._seed_thread is not None:
             self._seed_thread.join(timeout=max(60.0, self.config.timeout_s) + 30)
         seed = self.triton_seed
@@ -97,7 +98,7 @@ class WorkerLauncher:
 
     # -- directories -----------------------------------------------------------------------------
 
-    def candidate_dir(self, server: Optional[ForkServer] = None) -> str:
+    def candidate_dir(self, server: Optional[ForkServer] = None, seed: bool = True) -> str:
         if self.isolation == "process":
             directory = tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
         else:
@@ -105,7 +106,8 @@ class WorkerLauncher:
             directory = tempfile.mkdtemp(prefix="cand-", dir=parent)
         with self._lock:
             self._dirs.add(directory)
-        self._seed(directory)
+        if seed:
+            self._seed(directory)
         return directory
 
     def _remove_dir(self, directory: str) -> None:
@@ -139,7 +141,8 @@ class WorkerLauncher:
         server's sandbox meanwhile (its previous candidate is dead and the directory wiped)."""
         try:
             if server.wait_ready(max(60.0, self.config.timeout_s)):
-                directory = self.candidate_dir(server)
+                # Seeded when a candidate is handed over: the child's warm-up does not wait for it.
+                directory = self.candidate_dir(server, seed=False)
                 server.next_worker = server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
         except Exception:  # noqa: BLE001 - take() forks on demand instead
             server.next_worker = None
@@ -171,6 +174,7 @@ class WorkerLauncher:
                 directory = self.candidate_dir(server)
                 return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
             if worker.poll() is None:
+                self._seed(worker.sandbox_dir)
                 worker.started = time.monotonic()
                 return worker
             self.release(worker, gpu, reuse=False)  # the warm child died: clean up, fork another

@@ -92,14 +92,21 @@ class TritonCacheSeed:
             remove_tree(work_dir)
 
     def write_into(self, cache_dir: str) -> int:
-        """Copy the seed into a candidate's own Triton cache directory; returns the files written."""
+        """Copy the seed into a candidate's own Triton cache directory; returns the files written.
+        A name that exists already (a module the worker built itself while it started, before any
+        candidate code ran) is left alone, and never followed if it is a link."""
+        written = 0
         for relative, data in self.files.items():
             target = os.path.join(cache_dir, relative)
             os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+            except FileExistsError:
+                continue
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
-        return len(self.files)
+            written += 1
+        return written
 
 
 def cache_dir_of(home: str) -> str:
