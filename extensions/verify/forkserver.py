@@ -12,7 +12,7 @@ every fork), and then serves one candidate at a time:
 
 Each child gets its own directory (only the current candidate's exists in the server's writable
 directory: the parent removes it, and kills whatever the child left, before the next fork), a new
-session, its own ``HOME``/``TMPDIR``/Triton cache, the memory cap (``worker.limit_memory``) and the
+session, its own ``HOME``/``TMPDIR``/Triton cache, the memory cap (``startup.limit_memory``) and the
 usual worker protocol on a private pipe. Children are forked from a server that never ran candidate
 code, so none can see what an earlier candidate changed in memory; the server is not dumpable, so a
 child cannot trace it or open its descriptors, and a child that kills it only ends its own verdict
@@ -101,7 +101,8 @@ class _Server:
     @staticmethod
     def _become_candidate(directory: str, control_fd: int, device: str) -> None:
         from .phases import PhaseClock
-        from .worker import serve, warm_up_cuda
+        from .startup import warm_up_cuda
+        from .worker import serve
 
         os.setsid()
         proctree.die_with_parent()
@@ -127,7 +128,7 @@ class _Server:
 
     def run(self, warm_profiler: bool) -> None:
         from .audit import warm_up_profiler
-        from .worker import preload
+        from .startup import preload
 
         proctree.become_subreaper()  # orphans of a candidate come back here to be reaped
         proctree.die_with_parent()  # no server outlives a verifier that crashed (process isolation)
