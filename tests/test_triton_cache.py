@@ -149,3 +149,20 @@ def test_warm_up_seeds_triton_driver_utilities_on_cuda(tmp_path):
         __import__("sandbox_support").PROBLEM, candidate(), config, device="cuda")
     assert result.correct, result.error
     assert result.details["phase_s"]["worker"].get("triton_c_build", 0.0) < 0.5
+
+
+def test_a_slot_with_two_fork_servers_alternates_and_judges_every_candidate(ctx):
+    """With two servers per slot (each forking its next child ahead of its candidate) both servers
+    start and every candidate of the slot is judged as with one server."""
+    import dataclasses
+
+    config = dataclasses.replace(ctx.config, fork_servers_per_slot=2)
+    launcher = WorkerLauncher(config, "cpu", "process", ctx.root, total=3, prespawn=False, slots=[None])
+    try:
+        results = [judge_candidate(candidate(), ctx.prepared, config, "cpu", ctx.pool, "process", ctx.root,
+                                   f"c{i}", launcher=launcher) for i in range(3)]
+        servers = list(launcher._servers)
+    finally:
+        launcher.close()
+    assert all(r.correct and r.error is None for r in results), [r.error for r in results]
+    assert len(servers) == 2

@@ -173,6 +173,9 @@ class VerifierConfig:
     # One sandboxed server per worker slot imports torch/Triton once and forks a fresh child per
     # candidate (before any CUDA initialisation). False: a fresh sandboxed process per candidate.
     fork_server: bool = True
+    # Fork servers per worker slot; each forks its next child ahead, which starts CUDA and the
+    # profiler while another server's candidate runs. 0: two on CUDA, one on CPU.
+    fork_servers_per_slot: int = 0
     # Without the fork server: start each slot's next worker (imports done, no candidate yet) while
     # the current one runs; on GPUs and where CPU cores are left over. One candidate per worker.
     prespawn_workers: bool = True

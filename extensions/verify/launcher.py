@@ -42,9 +42,10 @@ def write_private(path: str, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-# Fork servers per worker slot. On CUDA a child's start-up (CUDA context, CUPTI) takes seconds, so
-# each slot has two servers: one runs a candidate while the other's next child warms up.
-SERVERS_PER_SLOT = {"cuda": 2}
+# Fork servers per worker slot when the config leaves it to the device. On CUDA a child's start-up
+# (CUDA context, CUPTI) takes seconds, so each slot has two servers: one runs a candidate while the
+# other's next child warms up.
+SERVERS_PER_SLOT = {"cuda": 2, "cpu": 1}
 
 
 class WorkerLauncher:
@@ -71,7 +72,7 @@ class WorkerLauncher:
             self._seed_thread = threading.Thread(target=self._build_seed, args=(first_gpu,), daemon=True)
             self._seed_thread.start()
         if self.use_fork_server:
-            per_slot = SERVERS_PER_SLOT.get(device, 1)
+            per_slot = int(getattr(config, "fork_servers_per_slot", 0)) or SERVERS_PER_SLOT.get(device, 1)
             for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
                 server = self._start_server(gpu)
                 self._idle.setdefault(gpu, []).append(server)
