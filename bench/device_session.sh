@@ -45,7 +45,7 @@ bwrap --ro-bind / / --dev /dev --proc /proc --unshare-net true && echo bwrap-wor
 }
 
 run_gpu_tests() {
-  step gpu_tests 420 "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py tests/test_runtime_audit.py tests/test_sandbox.py tests/test_decoding.py -p no:cacheprovider
+  step gpu_tests 420 "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py tests/test_runtime_audit.py tests/test_sandbox.py tests/test_triton_cache.py tests/test_decoding.py -p no:cacheprovider
   step gpu_suites 420 env KERNEL_RL_TEST_DEVICE=cuda KERNELBENCH_JSONL="$KERNELBENCH" \
     "$PY" -m pytest -q tests/test_kernelbench_solutions.py tests/test_adversarial.py -p no:cacheprovider
 }

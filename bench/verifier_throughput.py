@@ -9,11 +9,12 @@ wrong kernels, correct kernels and duplicates of them (as raw markdown responses
     python bench/verifier_throughput.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl
     python bench/verifier_throughput.py --kernelbench PATH --device cpu --copies 1 --set verifier.multi_input_num_tests=2
 
-Prints one markdown table with the same batch judged three ways: the verifier with its fork servers
+Prints one markdown table with the same batch judged several ways (``--modes``): the verifier with its fork servers
 (the default: one sandboxed server per worker slot imports torch and Triton once and forks a fresh
 child per candidate), the verifier with a fresh sandboxed process per candidate
 (``verifier.fork_server: false``, the older path), and the KernelBench-style baseline; the last
-column is each rate over the baseline's. All sides judge the same problem sizes (the verifier's
+column is each rate over the baseline's. A second table breaks each verifier path's time per
+candidate down by phase (``details["phase_s"]``: the parent's and the worker's). All sides judge the same problem sizes (the verifier's
 ``cpu_max_input_numel`` / ``cuda_max_input_numel`` shrink, applied to the baseline's problems too).
 """
 from __future__ import annotations
@@ -201,6 +202,46 @@ def build_batch(problems: dict[int, str], copies: int) -> list[tuple[str, str, s
     return batch
 
 
+VERIFIER_MODES = {  # key: (row label, fork_server, prebuilt_triton_cache)
+    "fork": ("verify_batch, fork server per slot (one fork per candidate)", True, True),
+    "fork-nocache": ("verify_batch, fork server per slot, no pre-built Triton cache", True, False),
+    "fresh": ("verify_batch, fresh sandboxed process per candidate", False, True),
+}
+
+
+def phase_breakdown(results) -> dict:
+    """Mean seconds per phase over the candidates that ran a worker (cached copies and candidates
+    rejected before the sandbox excluded), and the references' mean preparation time."""
+    ran = [r for r in results if not r.cached and "phase_s" in r.details]
+    sums: dict[str, float] = {}
+    for result in ran:
+        for side in ("parent", "worker"):
+            for name, seconds in result.details["phase_s"].get(side, {}).items():
+                sums[f"{side}.{name}"] = sums.get(f"{side}.{name}", 0.0) + seconds
+    prepare = [s for s in {r.details.get("problem_prepare_s") for r in ran} if s is not None]
+    means = {name: total / len(ran) for name, total in sums.items()} if ran else {}
+    seeds = sorted({r.details["triton_cache_seed"] for r in ran if r.details.get("triton_cache_seed")})
+    return {"candidates": len(ran), "phases": means,
+            "prepare_s": sum(prepare) / len(prepare) if prepare else None, "seed": "; ".join(seeds) or "-"}
+
+
+def phase_table(breakdowns: dict) -> str:
+    """Mean seconds per worker-run candidate and phase, one column per verifier mode."""
+    keys = list(breakdowns)
+    names = sorted({name for b in breakdowns.values() for name in b["phases"]},
+                   key=lambda n: (not n.startswith("parent."), n))
+    lines = ["| phase (mean s per candidate that ran) | " + " | ".join(keys) + " |",
+             "|---|" + "---:|" * len(keys)]
+    for name in names:
+        cells = [f"{breakdowns[k]['phases'][name]:.2f}" if name in breakdowns[k]["phases"] else "-" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = [f"{b['prepare_s']:.2f}" if b["prepare_s"] is not None else "-" for b in breakdowns.values()]
+    lines.append("| reference data, per problem (once per batch) | " + " | ".join(cells) + " |")
+    lines.append("| candidates that ran a worker | " + " | ".join(str(b["candidates"]) for b in breakdowns.values()) + " |")
+    lines.append("| pre-built Triton cache | " + " | ".join(b["seed"] for b in breakdowns.values()) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(rows: list[dict]) -> str:
     head = ["mode", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct"]
     if any("vs fresh process" in row for row in rows):
@@ -222,8 +263,9 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=2, help="repeat the mixed batch (more duplicates)")
     parser.add_argument("--workers", type=int, default=0, help="parallel workers for both sides (0: default)")
     parser.add_argument("--skip-baseline", action="store_true")
-    parser.add_argument("--skip-fresh-workers", action="store_true",
-                        help="do not time the verifier's older path (a fresh sandboxed process per candidate)")
+    parser.add_argument("--modes", default="fork,fresh",
+                        help="verifier paths to time, in order: fork (fork servers), fork-nocache (fork servers, "
+                             "no pre-built Triton cache), fresh (a fresh sandboxed process per candidate)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     add_config_args(parser)
     args = parser.parse_args()
@@ -247,23 +289,25 @@ def main() -> None:
     batch = build_batch(problems, args.copies)
     workers = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
 
-    rows = []
-    modes = [("verify_batch, fork server per slot (one fork per candidate)", True)]
-    if not args.skip_fresh_workers:
-        modes.append(("verify_batch, fresh sandboxed process per candidate", False))
-    for mode, fork_server in modes:
-        config.fork_server = fork_server
+    rows, breakdowns = [], {}
+    for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        if key not in VERIFIER_MODES:
+            parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
+        mode, fork_server, prebuilt_cache = VERIFIER_MODES[key]
+        config.fork_server, config.prebuilt_triton_cache = fork_server, prebuilt_cache
         started = time.monotonic()
         results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
                                device=args.device, progress=True)
         wall = time.monotonic() - started
         summary = summarize_results(results)
+        breakdowns[key] = phase_breakdown(results)
         rows.append({
             "mode": mode, "device": args.device, "candidates": len(batch),
             "processes": summary["per_stage_reached"]["static"] - summary["cached"],
             "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
             "correct": summary["correct"], "isolation": results[-1].isolation if results else "-",
         })
+        print(f"done: {json.dumps(rows[-1])}\n{phase_table({key: breakdowns[key]})}", file=sys.stderr, flush=True)
     if not args.skip_baseline:
         started = time.monotonic()
         verdicts = run_baseline(batch, args.device, workers, config.timeout_s)
@@ -279,6 +323,8 @@ def main() -> None:
             row["vs fresh process"] = f"{float(row['candidates/min']) / base_rate:.2f}x"
     print(markdown_table(rows))
     print(f"\nrejected early by the verifier (last verifier run): {json.dumps(summary['rejected_at'])}")
+    if breakdowns:
+        print("\n" + phase_table(breakdowns))
 
 
 if __name__ == "__main__":

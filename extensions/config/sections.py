@@ -177,9 +177,15 @@ class VerifierConfig:
     # One sandboxed server per worker slot imports torch/Triton once and forks a fresh child per
     # candidate (before any CUDA initialisation). False: a fresh sandboxed process per candidate.
     fork_server: bool = True
+    # Fork servers per worker slot; each forks its next child ahead, which starts CUDA and the
+    # profiler while another server's candidate runs. 0: two on CUDA, one on CPU.
+    fork_servers_per_slot: int = 0
     # Without the fork server: start each slot's next worker (imports done, no candidate yet) while
     # the current one runs; on GPUs and where CPU cores are left over. One candidate per worker.
     prespawn_workers: bool = True
+    # CUDA: a trusted warm-up builds Triton's C modules (driver utilities, launchers of common
+    # kernel signatures) once per batch; each candidate's private Triton cache starts as a copy.
+    prebuilt_triton_cache: bool = True
     # Host memory a candidate's processes may take beyond the worker's own (interpreter, torch,
     # Triton); above it the tree is killed (memory_limit). 0: no cap.
     memory_limit_mb: int = 3072

@@ -152,11 +152,18 @@ class _DevicePool:
             self._free = [None] * slots
         self.size = len(self._free)
         self.slots = list(self._free)
+        self._turn = -1
         self._cond = threading.Condition()
         self.gates = {index: _GpuGate() for index in set(self._free) if index is not None}
 
     def gate(self, index: Optional[int]) -> "_GpuGate":
         return self.gates.get(index) or _NO_GATE
+
+    def next_gpu(self) -> Optional[int]:
+        """A GPU for work that takes no worker slot (round robin over the slots' GPUs)."""
+        with self._cond:
+            self._turn += 1
+            return self.slots[self._turn % len(self.slots)]
 
     def acquire(self) -> Optional[int]:
         with self._cond:
@@ -245,12 +252,15 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
         prespawn = config.prespawn_workers and (device == "cuda" or (os.cpu_count() or 1) > 2 * pool.size)
         # Fork servers start now, so their imports overlap the reference data's preparation.
         launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn, slots=pool.slots)
-        with ThreadPoolExecutor(max_workers=pool.size) as executor:
-            prepared = dict(zip(problems, executor.map(preparer.prepare, problems.values())))
+        # Every problem's reference starts at once and each candidate starts as soon as its own
+        # problem is ready (references need no worker slot: they are trusted and short).
+        with ThreadPoolExecutor(max_workers=pool.size) as executor, \
+                ThreadPoolExecutor(max_workers=_preparing_threads(device, pool, len(problems))) as preparing:
+            prepared = {key: preparing.submit(preparer.prepare, code) for key, code in problems.items()}
 
             def judge(item: _Screened) -> VerifyResult:
                 try:
-                    result = judge_candidate(item.code, prepared[item.key[0]], config, device, pool,
+                    result = judge_candidate(item.code, prepared[item.key[0]].result(), config, device, pool,
                                              isolation, work_root, item.label, launcher=launcher)
                 except Exception as exc:  # noqa: BLE001 - one candidate never ends the batch
                     from .redact import category_error
@@ -284,6 +294,13 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
             copy = VerifyResult.from_dict(json.loads(json.dumps(original.to_dict())))
             results.append(replace(copy, candidate=item.label, cached=True))
     return results
+
+
+def _preparing_threads(device: str, pool: "_DevicePool", problems: int) -> int:
+    """How many reference processes run at once: on CPU no more than the worker slots (they share
+    the cores); on CUDA up to half the cores, since a reference mostly imports and starts CUDA."""
+    limit = pool.size if device == "cpu" else max(pool.size, (os.cpu_count() or 2) // 2)
+    return max(1, min(problems, limit))
 
 
 def _merge_screen(result: VerifyResult, item: _Screened, config) -> None:

@@ -89,13 +89,15 @@ class ForwardReport:
     details: dict = field(default_factory=dict)
 
 
-def warm_up_profiler() -> None:
-    """Start and stop the C++ profiler once: its first start initialises Kineto (seconds), which a
-    worker does while it waits for its candidate rather than inside the first audited call."""
+def warm_up_profiler(cuda: bool = False) -> None:
+    """Start and stop the C++ profiler once: its first start initialises Kineto (seconds; with
+    ``cuda``, CUPTI as well), which a worker does while it waits for its candidate rather than
+    inside the first audited call."""
     from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with contextlib.suppress(Exception):
-        with profile(activities=[ProfilerActivity.CPU], experimental_config=_ExperimentalConfig(profile_all_threads=True)):
+        with profile(activities=activities, experimental_config=_ExperimentalConfig(profile_all_threads=True)):
             pass
 
 

@@ -12,7 +12,7 @@ every fork), and then serves one candidate at a time:
 
 Each child gets its own directory (only the current candidate's exists in the server's writable
 directory: the parent removes it, and kills whatever the child left, before the next fork), a new
-session, its own ``HOME``/``TMPDIR``/Triton cache, the memory cap (``worker.limit_memory``) and the
+session, its own ``HOME``/``TMPDIR``/Triton cache, the memory cap (``startup.limit_memory``) and the
 usual worker protocol on a private pipe. Children are forked from a server that never ran candidate
 code, so none can see what an earlier candidate changed in memory; the server is not dumpable, so a
 child cannot trace it or open its descriptors, and a child that kills it only ends its own verdict
@@ -40,7 +40,8 @@ from .sandbox import (INSIDE_WORK_DIR, BoundedReader, ProcessOutcome, per_candid
 # -- the server (inside the sandbox) --------------------------------------------------------------
 
 class _Server:
-    def __init__(self, events_fd: int):
+    def __init__(self, events_fd: int, device: str):
+        self.device = device
         # Commands arrive on a private copy of stdin; fd 0 becomes /dev/null for the children.
         self.control_fd = os.dup(0)
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -90,7 +91,7 @@ class _Server:
                 os.close(write_end)
                 os.close(self.control_fd)
                 os.close(self.events.fileno())
-                self._become_candidate(directory, read_end)
+                self._become_candidate(directory, read_end, self.device)
             finally:
                 os._exit(0)
         os.close(read_end)
@@ -98,7 +99,9 @@ class _Server:
         self.emit(event="started", pid=pid)
 
     @staticmethod
-    def _become_candidate(directory: str, control_fd: int) -> None:
+    def _become_candidate(directory: str, control_fd: int, device: str) -> None:
+        from .phases import PhaseClock
+        from .startup import warm_up_cuda
         from .worker import serve
 
         os.setsid()
@@ -106,7 +109,12 @@ class _Server:
         os.chdir(directory)
         os.umask(0o077)
         os.environ.update(per_candidate_env(directory))
-        serve(os.fdopen(control_fd, "r"))
+        clock = PhaseClock()
+        if device != "cpu":
+            # Trusted start-up while the child waits for its candidate (its directory is its own:
+            # nothing else runs in this server's sandbox until it is given one).
+            warm_up_cuda(clock)
+        serve(os.fdopen(control_fd, "r"), clock)
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -120,7 +128,7 @@ class _Server:
 
     def run(self, warm_profiler: bool) -> None:
         from .audit import warm_up_profiler
-        from .worker import preload
+        from .startup import preload
 
         proctree.become_subreaper()  # orphans of a candidate come back here to be reaped
         proctree.die_with_parent()  # no server outlives a verifier that crashed (process isolation)
@@ -161,8 +169,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="verifier fork server (started by the verifier)")
     parser.add_argument("--events-fd", type=int, required=True)
     parser.add_argument("--warm-profiler", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    _Server(args.events_fd).run(args.warm_profiler)
+    _Server(args.events_fd, args.device).run(args.warm_profiler)
     os._exit(0)
 
 
@@ -186,7 +195,8 @@ class ForkServer:
         self.work_dir = work_dir  # host path; the candidates' directories are made inside it
         self.memory_limit_kb = memory_limit_kb
         read_end, write_end = os.pipe()
-        argv = [sys.executable, "-m", "extensions.verify.forkserver", "--events-fd", str(write_end)]
+        argv = [sys.executable, "-m", "extensions.verify.forkserver", "--events-fd", str(write_end),
+                "--device", device]
         if device == "cpu":
             argv.append("--warm-profiler")
         self.proc = start_process(argv, work_dir, device=device, gpu_index=gpu_index, isolation=isolation,
@@ -200,6 +210,9 @@ class ForkServer:
         self._out.start()
         self._err.start()
         self._host_pid: Optional[int] = None
+        # The child forked ahead of its candidate (``WorkerLauncher``), and whether forking it is done.
+        self.next_worker: Optional["ForkedWorker"] = None
+        self.prefork_done = threading.Event()
         threading.Thread(target=self._read_events, daemon=True).start()
 
     def _read_events(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
 from .launcher import WorkerLauncher, write_private
+from .phases import PhaseClock, sanitize_phases
 from .privileges import verifier_undumpable
 from .redact import category_error, redact_line, safe_name, sanitize_data
 from .result import STAGES, VerifyResult
@@ -72,6 +73,7 @@ class PreparedProblem:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
+    seconds: float = 0.0  # the reference process's wall time (once per problem per batch)
 
 
 # The C++ profiler the audit runs logs each start/stop on stderr; those lines never explain a failure.
@@ -131,19 +133,18 @@ class ProblemPreparer:
         }
         with open(os.path.join(job_dir, "job.json"), "w") as fh:
             json.dump(job, fh)
-        gpu = self.pool.acquire()
-        try:
-            with self.pool.gate(gpu).shared():
-                proc = SandboxedProcess(
-                    [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
-                    device=self.device, gpu_index=gpu, isolation="process",
-                    max_output_bytes=cfg.max_output_bytes,
-                )
-                proc.send_line(json.dumps(draw_secret()))
-                # The reference runs several input sets and variations: a few timeouts' worth.
-                outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
-        finally:
-            self.pool.release(gpu)
+        gpu = self.pool.next_gpu()
+        started = time.monotonic()
+        with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
+            proc = SandboxedProcess(
+                [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
+                device=self.device, gpu_index=gpu, isolation="process",
+                max_output_bytes=cfg.max_output_bytes,
+            )
+            proc.send_line(json.dumps(draw_secret()))
+            # The reference runs several input sets and variations: a few timeouts' worth.
+            outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
+        seconds = time.monotonic() - started
         prepared_path = os.path.join(job_dir, "prepared.json")
         if outcome.timed_out:
             return PreparedProblem(False, f"reference timed out after {3 * cfg.timeout_s:.0f}s")
@@ -156,7 +157,7 @@ class ProblemPreparer:
             inits=data.get("inits") or [data["init"]], sets=data["sets"],
             inputs=_private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors"))),
             expected=_private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors"))),
-            skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")),
+            skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
         )
         # Inputs and expected outputs live in the parent's memory only.
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -213,6 +214,7 @@ class _Run:
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.result, self.proc = result, proc
         self.base_seconds_per_element: Optional[float] = None
+        self.worker_phases: dict[str, float] = {}
         sandbox_dir = proc.sandbox_dir
         # Under process isolation other processes of this user could rewrite what is written here:
         # every file is hashed from the bytes written, the hashes go on the worker's private control
@@ -280,10 +282,12 @@ class _Run:
                 fail(self.result, phase, "crashed", f"exit status {code}" + (f" ({last})" if last else ""))
             return None
         try:
-            return _read_status(self.proc.path(name))
+            status = _read_status(self.proc.path(name))
         except (OSError, ValueError) as exc:
             fail(self.result, phase, "bad_output", f"unreadable worker status ({type(exc).__name__})")
             return None
+        self.worker_phases = sanitize_phases(status.get("phase_s")) or self.worker_phases
+        return status
 
     def judge_sets(self, deadline: float) -> bool:
         """Run every input set; True when all passed every check."""
@@ -493,6 +497,7 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     own_launcher = launcher is None
     if own_launcher:
         launcher = WorkerLauncher(config, device, isolation, work_root, total=1, prespawn=False)
+    clock = PhaseClock()
     gpu = pool.acquire()
     run = None
     proc = None
@@ -503,17 +508,24 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     try:
         with gate.shared():  # other correctness runs may share this GPU; timing may not
             timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
-            proc = launcher.take(gpu)
-            run = _Run(code, prepared, config, device, gpu, proc, result, timing)
+            with clock.phase("take_worker"):
+                proc = launcher.take(gpu)
+            with clock.phase("hand_over_job"):
+                run = _Run(code, prepared, config, device, gpu, proc, result, timing)
             deadline = time.monotonic() + config.timeout_s
-            passed = _judge_correctness(run, result, deadline)
+            with clock.phase("correctness"):
+                passed = _judge_correctness(run, result, deadline)
         wants_timing = timing and (
             passed or (result.passed("compile") and not config.staged_skip_timing_on_failure))
         if wants_timing and not is_cheating(result.flags) and run.proc.poll() is None:
+            asked = time.monotonic()
             with gate.exclusive():
-                run.time_candidate()
-        run.proc.send_line("stop")
-        outcome = run.proc.finish(time.monotonic() + 10)
+                clock.add("timing_wait_gpu", time.monotonic() - asked)
+                with clock.phase("timing"):
+                    run.time_candidate()
+        with clock.phase("finish"):
+            run.proc.send_line("stop")
+            outcome = run.proc.finish(time.monotonic() + 10)
         result.details["output_bytes"] = {"stdout": outcome.stdout_bytes, "stderr": outcome.stderr_bytes}
         if outcome.memory_exceeded and result.error_category != "memory_limit":
             result.stage = min(result.stage, "compile", key=lambda s: STAGES.index(s))
@@ -521,11 +533,16 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
             fail(result, "full", "memory_limit", f"more than {proc.memory_limit_kb >> 10} MB of host memory; killed")
     finally:
         if proc is not None:
-            launcher.release(proc, gpu)
+            with clock.phase("release_worker"):
+                launcher.release(proc, gpu)
         hidden.__exit__(None, None, None)
         pool.release(gpu)
         if own_launcher:
             launcher.close()
+    result.details["phase_s"] = {"parent": clock.as_dict(), "worker": run.worker_phases if run else {}}
+    result.details["problem_prepare_s"] = round(prepared.seconds, 3)
+    if launcher.triton_seed is not None:
+        result.details["triton_cache_seed"] = launcher.triton_seed.note
     result.correct = result.stage in ("full", "timing") and not is_cheating(result.flags)
     result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
     return result

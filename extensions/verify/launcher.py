@@ -9,6 +9,11 @@ Either way a worker judges exactly one candidate in a directory nobody else is g
 * ``process``: each candidate gets its own private root (``mkdtemp``, mode 0700) outside the
   batch's directory. Workers import the verifier from a copy, never from the checkout.
 
+On CUDA every candidate's private Triton cache starts as a copy of the verifier's pre-built one
+(``triton_cache``: Triton's C modules, built once per batch by a trusted warm-up before any
+candidate runs), so no candidate pays for the host C compiler runs its predecessors already made,
+and none can write what another loads.
+
 No input file is shared between candidates: the judge writes each candidate's job, init inputs and
 (just before each run) one set's inputs into its directory from the parent's memory, hashes each
 from the bytes written (``write_private``) and sends the hashes on the worker's private control
@@ -26,6 +31,7 @@ from typing import Optional
 
 from .forkserver import ForkServer, inside_path
 from .sandbox import SandboxedProcess, private_code_copy, remove_tree
+from .triton_cache import TritonCacheSeed, cache_dir_of
 
 
 def write_private(path: str, data: bytes) -> str:
@@ -34,6 +40,12 @@ def write_private(path: str, data: bytes) -> str:
     with open(path, "wb") as fh:
         fh.write(data)
     return hashlib.sha256(data).hexdigest()
+
+
+# Fork servers per worker slot when the config leaves it to the device. On CUDA a child's start-up
+# (CUDA context, CUPTI) takes seconds, so each slot has two servers: one runs a candidate while the
+# other's next child warms up.
+SERVERS_PER_SLOT = {"cuda": 2, "cpu": 1}
 
 
 class WorkerLauncher:
@@ -52,13 +64,42 @@ class WorkerLauncher:
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
         self._dirs: set[str] = set()
+        self.triton_seed: Optional[TritonCacheSeed] = None
+        self._seed_thread: Optional[threading.Thread] = None
+        if device == "cuda" and getattr(config, "prebuilt_triton_cache", True) and total > 0:
+            # Built while the fork servers import and the reference data is prepared.
+            first_gpu = next((g for g in (slots or []) if g is not None), 0)
+            self._seed_thread = threading.Thread(target=self._build_seed, args=(first_gpu,), daemon=True)
+            self._seed_thread.start()
         if self.use_fork_server:
-            for gpu in (slots or [])[: max(0, total)]:
-                self._idle.setdefault(gpu, []).append(self._start_server(gpu))
+            per_slot = int(getattr(config, "fork_servers_per_slot", 0)) or SERVERS_PER_SLOT.get(device, 1)
+            for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
+                server = self._start_server(gpu)
+                self._idle.setdefault(gpu, []).append(server)
+                threading.Thread(target=self._prefork, args=(server,), daemon=True).start()
+
+    # -- the pre-built Triton cache ----------------------------------------------------------------
+
+    def _build_seed(self, gpu: Optional[int]) -> None:
+        self.triton_seed = TritonCacheSeed.build(
+            self.work_root, device=self.device, gpu_index=gpu, isolation=self.isolation,
+            timeout_s=max(60.0, self.config.timeout_s), pythonpath=self.pythonpath)
+        if not self.triton_seed.files:
+            print(f"verifier: no pre-built Triton cache ({self.triton_seed.note}); each candidate builds its own",
+                  file=sys.stderr)
+
+    def _seed(self, directory: str) -> None:
+        """Copy the pre-built Triton cache into a candidate directory's private cache (before its
+        candidate arrives; modules its still trusted process built itself are kept)."""
+        if self._seed_thread is not None:
+            self._seed_thread.join(timeout=max(60.0, self.config.timeout_s) + 30)
+        seed = self.triton_seed
+        if seed is not None and seed.files:
+            seed.write_into(cache_dir_of(directory))
 
     # -- directories -----------------------------------------------------------------------------
 
-    def candidate_dir(self, server: Optional[ForkServer] = None) -> str:
+    def candidate_dir(self, server: Optional[ForkServer] = None, seed: bool = True) -> str:
         if self.isolation == "process":
             directory = tempfile.mkdtemp(prefix="verify-cand-")  # a private root, not under the batch's
         else:
@@ -66,6 +107,8 @@ class WorkerLauncher:
             directory = tempfile.mkdtemp(prefix="cand-", dir=parent)
         with self._lock:
             self._dirs.add(directory)
+        if seed:
+            self._seed(directory)
         return directory
 
     def _remove_dir(self, directory: str) -> None:
@@ -93,27 +136,57 @@ class WorkerLauncher:
             device=self.device, gpu_index=gpu, isolation=self.isolation,
             max_output_bytes=self.config.max_output_bytes, pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
 
+    def _prefork(self, server: ForkServer) -> None:
+        """Fork the server's next child now, in a fresh directory of its own: it starts CUDA and
+        the profiler while the slot's other server runs a candidate. Nothing else runs in this
+        server's sandbox meanwhile (its previous candidate is dead and the directory wiped)."""
+        try:
+            if server.wait_ready(max(60.0, self.config.timeout_s)):
+                # Seeded when a candidate is handed over: the child's warm-up does not wait for it.
+                directory = self.candidate_dir(server, seed=False)
+                server.next_worker = server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+        except Exception:  # noqa: BLE001 - take() forks on demand instead
+            server.next_worker = None
+        finally:
+            server.prefork_done.set()
+
     def _take_server(self, gpu: Optional[int]) -> ForkServer:
         with self._lock:
             idle = self._idle.get(gpu) or []
-            server = idle.pop() if idle else None
+            server = idle.pop(0) if idle else None  # the longest idle: its child has warmed up longest
         if server is not None and not server.alive:
             server.close()
             server = None
-        server = server or self._start_server(gpu)
+        if server is None:  # none left for this slot (one died): a new one, forked on demand
+            server = self._start_server(gpu)
+            server.prefork_done.set()
         if not server.wait_ready(max(60.0, self.config.timeout_s)):
             server.close()
             raise RuntimeError("the verifier's fork server did not start")
         return server
+
+    def _take_forked(self, gpu: Optional[int]):
+        """The next server's child forked ahead (warm), or one forked now."""
+        for _attempt in range(3):
+            server = self._take_server(gpu)
+            server.prefork_done.wait(max(60.0, self.config.timeout_s))
+            worker, server.next_worker = server.next_worker, None
+            if worker is None:
+                directory = self.candidate_dir(server)
+                return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+            if worker.poll() is None:
+                self._seed(worker.sandbox_dir)
+                worker.started = time.monotonic()
+                return worker
+            self.release(worker, gpu, reuse=False)  # the warm child died: clean up, fork another
+        raise RuntimeError("the verifier's fork server lost three children before their candidates")
 
     def take(self, gpu: Optional[int]):
         """A worker for one candidate: a forked child (fork server) or a fresh process."""
         with self._lock:
             self._to_start -= 1
         if self.use_fork_server:
-            server = self._take_server(gpu)
-            directory = self.candidate_dir(server)
-            return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+            return self._take_forked(gpu)
         with self._lock:
             spares = self._spares.get(gpu) or []
             proc = spares.pop() if spares else None
@@ -128,9 +201,9 @@ class WorkerLauncher:
                     self._spares.setdefault(gpu, []).append(self._spawn(gpu))
         return proc
 
-    def release(self, proc, gpu: Optional[int]) -> None:
+    def release(self, proc, gpu: Optional[int], reuse: bool = True) -> None:
         """After the verdict: kill what is left of the candidate, remove its directory, and give
-        its fork server back for the slot's next candidate."""
+        its fork server back for the slot's next candidate (whose child it forks at once)."""
         proc.kill()
         server = getattr(proc, "server", None)
         if server is not None:
@@ -143,8 +216,14 @@ class WorkerLauncher:
             for name in os.listdir(server.work_dir):
                 remove_tree(os.path.join(server.work_dir, name))
         if server is not None and server.alive:
+            server.prefork_done.clear()
             with self._lock:
+                more = self._to_start > 0
                 self._idle.setdefault(gpu, []).append(server)
+            if more and reuse:
+                self._prefork(server)
+            else:
+                server.prefork_done.set()
 
     def discard(self, proc: SandboxedProcess) -> None:
         proc.kill()

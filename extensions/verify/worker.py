@@ -326,12 +326,13 @@ def _sandbox_failure(exc: AlteredFile) -> dict:
 
 class _Verdicts:
     """Writes status files, each after checking that the worker's code and the audit's hooks are
-    as they were before the candidate was imported."""
+    as they were before the candidate was imported, with the worker's phase seconds so far."""
 
-    def __init__(self, snapshot, audit):
-        self.snapshot, self.audit = snapshot, audit
+    def __init__(self, snapshot, audit, clock):
+        self.snapshot, self.audit, self.clock = snapshot, audit, clock
 
     def write(self, name: str, status: dict) -> None:
+        status["phase_s"] = self.clock.as_dict()
         changed = self.snapshot.changes()
         if changed or not self.audit.hooks_intact():
             flags = status.setdefault("flags", [])
@@ -365,48 +366,24 @@ def _snapshot(device: str):
     return CodeSnapshot(modules)
 
 
-def preload() -> None:
-    """Everything a worker imports before it is given a candidate (no CUDA initialisation: a
-    fork server forks its children after this)."""
-    import torch  # noqa: F401
-    import triton  # noqa: F401
-    import triton.language  # noqa: F401
-
-    from . import audit, integrity, interpreter_compat, tensor_io  # noqa: F401
-
-
-def limit_memory(limit_mb: int, device: str) -> None:
-    """Cap the data segment (heap and private writable mappings) at what the worker holds now
-    plus ``limit_mb``: an allocation above it fails at once, before pages are touched. Only on
-    CPU: CUDA's runtime maps memory in ways a data limit can break; there the parent's resident
-    memory watch is the cap."""
-    import resource
-
-    if limit_mb <= 0 or device != "cpu":
-        return
-    held = 0
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmData:"):
-                held = int(line.split()[1]) * 1024
-    limit = held + limit_mb * (1 << 20)
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-
-
-def serve(control) -> None:
-    """Judge one candidate in the current directory, driven by lines on ``control``."""
+def serve(control, clock=None) -> None:
+    """Judge one candidate in the current directory, driven by lines on ``control``; ``clock``
+    holds the phases of a start-up done before (a forked child's warm-up)."""
     import torch
 
     from . import interpreter_compat
     from .audit import RuntimeAudit, warm_up_profiler
+    from .phases import PhaseClock
     from .privileges import drop_privileges
     from .proctree import become_subreaper
+    from .startup import limit_memory, warm_up_cuda
 
     command = control.readline().split()
     if not command or command[0] != "go":
         return
+    clock = clock or PhaseClock()
     become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
-    warm_up_profiler()  # milliseconds where it was warmed while waiting; a forked CUDA child's first
+    warm_up_profiler()  # milliseconds where it was warmed while waiting
     try:
         job, inits, candidate_source = _read_job(command[1:])
     except AlteredFile as exc:
@@ -414,6 +391,7 @@ def serve(control) -> None:
         return
     device = "cuda" if job["device"] != "cpu" else "cpu"
     order = None
+    clock.count_c_builds()
     if device == "cpu":
         torch.set_num_threads(1)
         order = interpreter_compat.install()
@@ -421,17 +399,21 @@ def serve(control) -> None:
         interpreter_compat.benchmark_autotune_with_events()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
     drop_privileges()  # no capability left to read other processes of this user (process isolation)
-    audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
-    audit.install()
-    # Taken here, in the candidate's own process (a forked child included), before its import.
-    verdicts = _Verdicts(_snapshot(device), audit)
+    with clock.phase("audit_install"):
+        audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
+        audit.install()
+        # Taken here, in the candidate's own process (a forked child included), before its import.
+        verdicts = _Verdicts(_snapshot(device), audit, clock)
     try:
-        with audit.construction() as report:
+        with clock.phase("import"), audit.construction() as report:
             model_cls, flags = import_candidate(candidate_source)
         details = dict(report.details)
         flags += [f for f in report.flags if f not in flags]
         models = Models(model_cls, inits, int(job["seed"]), device, audit)
-        _model, built_flags = models.get(0)
+        if device != "cpu":  # after the import: a candidate that does not import never pays for CUDA
+            warm_up_cuda(clock)
+        with clock.phase("build"):
+            _model, built_flags = models.get(0)
     except BaseException as exc:  # noqa: BLE001 - import errors, SystemExit, anything
         verdicts.write("compile.json", {"ok": False, "error": short_error(exc)})
         return
@@ -449,10 +431,15 @@ def serve(control) -> None:
         except AlteredFile as exc:
             verdicts.write(f"set_{index}.json", _sandbox_failure(exc))
             return
-        verdicts.write(f"set_{index}.json", run_set(models, index, set_spec, inputs, device, audit, order))
+        # The first set pays the kernel's compilation (and its launcher's, where Triton builds one).
+        with clock.phase("first_set" if "first_set" not in clock.seconds else "other_sets"):
+            status = run_set(models, index, set_spec, inputs, device, audit, order)
+        verdicts.write(f"set_{index}.json", status)
     command = control.readline().split()
     if command and command[0] == "time" and job.get("timing"):
-        verdicts.write("timing.json", run_timing(job, models, device, command[1:]))
+        with clock.phase("timing"):
+            status = run_timing(job, models, device, command[1:])
+        verdicts.write("timing.json", status)
 
 
 def private_control_channel():
@@ -467,6 +454,7 @@ def private_control_channel():
 def main() -> None:
     from .audit import warm_up_profiler
     from .proctree import die_with_parent
+    from .startup import preload
 
     die_with_parent()
     control = private_control_channel()
