@@ -52,7 +52,7 @@ def draw_secret() -> dict:
         "transforms": {
             "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
             "scale_down": 10 ** rng.uniform(-3.5, -2.5),
-            "scale_up": 10 ** rng.uniform(1.5, 2.5),
+            "scale_up": 10 ** rng.uniform(2.0, 3.0),
             "shift": rng.choice((-1.0, 1.0)) * rng.uniform(1.5, 3.5),
         },
     }
