@@ -350,11 +350,11 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
-    from . import audit, compare, integrity, interpreter_compat, tensor_io
+    from . import audit, compare, integrity, interpreter_compat, policy, tensor_io
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, tensor_io, json_module,
-               json.encoder]
+    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, policy, tensor_io,
+               json_module, json.encoder]
     if device != "cpu":
         try:
             from extensions.timing import measure, runners, schedule, stats
