@@ -13,6 +13,10 @@
   right by accident. ``ProgramOrder`` can run them in a shuffled order instead: a correct kernel
   gives the same answer in any order. A kernel that waits on an earlier program (a spin-wait
   look-back) cannot finish in the interpreter when the order is shuffled.
+* A fresh CPU allocation often reads as zeros (new pages from the OS), so a kernel that leaves
+  part of a ``torch.empty`` output unwritten can look right; on a GPU the caching allocator hands
+  back old data. ``fill_fresh_memory_with_nan`` makes every ``torch.empty``/``empty_like``/
+  ``new_empty`` NaN (integers: their maximum), so an unwritten element never matches.
 * Even shuffled, programs never overlap, so a read-modify-write of another program's output with
   a plain load and store (a lost update on a GPU, where programs run at the same time) still adds
   up. While ``shuffled`` is set, a plain load of an address that another program of the same
@@ -36,6 +40,7 @@ import numpy as np
 def install() -> "ProgramOrder":
     use_first_autotune_config()
     make_libdevice_compute()
+    fill_fresh_memory_with_nan()
     order = ProgramOrder()
     order.install()
     return order
@@ -167,6 +172,18 @@ def make_libdevice_compute() -> None:
         for name, fn in _PREDICATES.items():
             if hasattr(module, name):
                 setattr(module, name, _libdevice_function(name, fn, predicate=True))
+
+
+# -- uninitialised memory ------------------------------------------------------------------------
+
+def fill_fresh_memory_with_nan() -> None:
+    import torch
+    import torch.utils.deterministic
+
+    # Deterministic mode is what turns the fill on; warn_only keeps ops without a deterministic
+    # implementation working (a warning, not an error).
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
 
 
 # -- program order -------------------------------------------------------------------------------
