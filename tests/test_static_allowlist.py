@@ -110,6 +110,10 @@ ESCAPES = {
     "module_stored_on_self": (module("return y", init="self.spaces = [tl]"), "forbidden_api"),
     "module_alias_passed_on": (module("return y", prelude="C = torch.cuda\nE = list(map(len, [C]))\n"),
                                "forbidden_api"),
+    "module_as_class_attribute": (module("return y", prelude="class Holder:\n    ns = torch.cuda\n"
+                                                             "E = Holder.ns.os.environ\n"), "forbidden_api"),
+    "module_alias_as_class_attribute": (module("return y", prelude="NS = torch.cuda\n",
+                                               extra_class_body="    ns = NS\n"), "forbidden_api"),
     "wildcard_namespace_module": (module("return y", prelude="W = torch.nn.init.warnings.sys\n"),
                                   "forbidden_api"),
     "format_pattern_built_at_run_time": (module("s = ('{0._' + '_class_' + '_}').format(y)\n        return y"),

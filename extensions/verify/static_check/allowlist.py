@@ -102,9 +102,12 @@ class AllowList:
         parent = self.index.parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.value is node:
             return
-        if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node and all(
-                isinstance(t, ast.Name) for t in (parent.targets if isinstance(parent, ast.Assign)
-                                                  else [parent.target])):
+        # A class attribute is read back as ``Cls.ns``/``self.ns``, which resolves to the module's
+        # own names, not to the module it holds: only module and function scopes may alias one.
+        in_class_body = isinstance(self.index.parents.get(parent), ast.ClassDef)
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node and not in_class_body \
+                and all(isinstance(t, ast.Name) for t in (parent.targets if isinstance(parent, ast.Assign)
+                                                          else [parent.target])):
             return
         modules = sorted(q for q in self.index.resolve(node)
                          if not q.startswith(LOCAL_MARK) and policy.names_module(q))
