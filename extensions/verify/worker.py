@@ -11,7 +11,7 @@ through a private copy of stdin, one line per step, so evaluation stops at the f
     parent: "go <job> <init> <candidate>" -> worker: reads job.json, init.safetensors, candidate.py
     worker: compile.json
     parent: writes set_<i>.in.*, "run <tensors> <json>" -> worker: set_<i>.safetensors + set_<i>.json
-            ("skip" passes a set over)                                       (repeat per input set)
+                                                                             (repeat per input set)
     parent: writes timing.in.*, "time <tensors> <json>" -> worker: timing.json (+ timing.safetensors)
     parent: "stop" -> worker exits
 
@@ -440,8 +440,6 @@ def serve(control) -> None:
     verdicts.write("compile.json", {"ok": True, "flags": flags, "details": details})
     for index, set_spec in enumerate(job["sets"]):
         command = control.readline().split()
-        if command == ["skip"]:
-            continue
         if not command or command[0] != "run":
             return
         try:
