@@ -21,9 +21,10 @@
   a plain load and store (a lost update on a GPU, where programs run at the same time) still adds
   up. While ``shuffled`` is set, a plain load of an address that another program of the same
   launch stored reads the value from before that store: the schedule where every program reads
-  before the others write, which a GPU may run. Volatile loads, atomics, and every load of a
-  program after its first atomic (acquire: the semaphore pattern of split reductions) see memory
-  as it is.
+  before the others write, which a GPU may run. Atomics, and every load of a program after its
+  first atomic (acquire: the semaphore pattern of split reductions), see memory as it is; a
+  volatile load alone orders nothing (a spin-wait on another program cannot finish under a
+  shuffled order anyway).
 
 Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
 (CUDA) is called by the worker before the candidate is imported.
@@ -262,7 +263,7 @@ class ConcurrentMemoryView:
 
         def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
             result = load(ptrs, mask, other, cache_policy, is_volatile)
-            if view.order.shuffled and not is_volatile and not view._synchronised and view._writer:
+            if view.order.shuffled and not view._synchronised and view._writer:
                 view._see_before_other_programs(ptrs.data, mask.data, result)
             return result
 
