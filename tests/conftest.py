@@ -41,6 +41,13 @@ def verify_device() -> str:
 
 
 @pytest.fixture(scope="session")
+def verify_isolation() -> str:
+    """Isolation the candidate suites are judged under: the default (bubblewrap) unless
+    ``KERNEL_RL_TEST_ISOLATION=process`` asks for plain process isolation."""
+    return os.environ.get("KERNEL_RL_TEST_ISOLATION", "auto")
+
+
+@pytest.fixture(scope="session")
 def project_root() -> Path:
     return PROJECT_ROOT
 

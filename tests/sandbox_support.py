@@ -64,6 +64,37 @@ MODEL_NEW = textwrap.dedent("""
             return y
 """)
 
+def affine_candidate(store: str = "x * alpha + 1.0", ret: str = "y", extra_import: str = "",
+                     prelude: str = "") -> str:
+    return textwrap.dedent(f"""
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+        {extra_import}
+
+        @triton.jit
+        def affine_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask)
+            {prelude}
+            tl.store(y_ptr + offs, {store}, mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, alpha):
+                super().__init__()
+                self.alpha = alpha
+
+            def forward(self, x):
+                y = torch.empty_like(x)
+                n = x.numel()
+                affine_kernel[(triton.cdiv(n, 64),)](x, y, n, self.alpha, BLOCK=64)
+                return {ret}
+    """)
+
+
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot start a sandbox here")
 # Every isolation mode; bwrap is skipped where it cannot start (process is always available).
 BOTH_MODES = pytest.mark.parametrize("isolation", [

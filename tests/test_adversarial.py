@@ -47,10 +47,10 @@ def _stage_rank(stage: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def verifier_config():
+def verifier_config(verify_isolation):
     from extensions.config import VerifierConfig
 
-    return VerifierConfig()
+    return VerifierConfig(isolation=verify_isolation)
 
 
 @pytest.fixture(scope="module")

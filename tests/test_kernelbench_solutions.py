@@ -22,10 +22,10 @@ KNOWN_CPU_FALSE_REJECTS: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def verifier_config():
+def verifier_config(verify_isolation):
     from extensions.config import VerifierConfig
 
-    return VerifierConfig()
+    return VerifierConfig(isolation=verify_isolation)
 
 
 @pytest.fixture(scope="module")

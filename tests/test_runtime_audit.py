@@ -96,6 +96,15 @@ def test_worker_code_rebound_by_the_candidate_is_audit_tampering(problems, confi
     assert not result.correct and "audit_tampered" in result.flags, result
 
 
+def test_policy_data_rebound_by_the_candidate_is_audit_tampering(problems, config):
+    """No code changes: the allow-list the audit reads is rebound to admit the ops forward uses."""
+    code = relu(init="import sys; p = sys.modules['extensions.verify.policy']; "
+                     "p.ALLOWED_ATEN_OPS = p.ALLOWED_ATEN_OPS | {'mul', 'gt'}",
+                forward="x = x * (x > 0)")
+    result = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")
+    assert not result.correct and "audit_tampered" in result.flags, result
+
+
 def test_a_thread_started_while_building_the_model_is_flagged(problems, config):
     code = relu(init="import threading; threading.Thread(target=lambda: None).start()")
     result = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")

@@ -98,6 +98,26 @@ ESCAPES = {
                                                                       "        return self\n"),
                                    "forbidden_api"),
     "tensor_subclass": (module("return y", prelude="class T(torch.Tensor):\n    pass\n"), "forbidden_api"),
+    # modules held as values: every public attribute of a module is reachable from there
+    "module_passed_to_function": (module("return y", prelude="def reach(m):\n    return m.os\n"
+                                                             "OS = reach(torch.cuda)\n"), "forbidden_api"),
+    "module_in_tuple": (module("return y", prelude="PAIR = (torch.backends, 0)\nOS = PAIR[0].os\n"),
+                        "forbidden_api"),
+    "module_bound_by_loop": (module("return y", prelude="for NS in (torch.cuda,):\n    E = NS.os\n"),
+                             "forbidden_api"),
+    "module_as_lambda_default": (module("return y", prelude="L = lambda m=torch.cuda: m.importlib\n"),
+                                 "forbidden_api"),
+    "module_stored_on_self": (module("return y", init="self.spaces = [tl]"), "forbidden_api"),
+    "module_alias_passed_on": (module("return y", prelude="C = torch.cuda\nE = list(map(len, [C]))\n"),
+                               "forbidden_api"),
+    "module_as_class_attribute": (module("return y", prelude="class Holder:\n    ns = torch.cuda\n"
+                                                             "E = Holder.ns.os.environ\n"), "forbidden_api"),
+    "module_alias_as_class_attribute": (module("return y", prelude="NS = torch.cuda\n",
+                                               extra_class_body="    ns = NS\n"), "forbidden_api"),
+    "wildcard_namespace_module": (module("return y", prelude="W = torch.nn.init.warnings.sys\n"),
+                                  "forbidden_api"),
+    "format_pattern_built_at_run_time": (module("s = ('{0._' + '_class_' + '_}').format(y)\n        return y"),
+                                         "private_access"),
     # code that runs without being called by name
     "module_decorator": (module("return helper(y)", prelude="def deco(f):\n    return f\n\n"
                                                              "@deco\ndef helper(t):\n    return t\n"),
@@ -313,3 +333,22 @@ def test_triton_api_lists_name_no_module_of_the_installed_triton():
                              (libdevice, policy.TRITON_MATH_API)):
         for name in names:
             assert not isinstance(getattr(namespace, name, None), types.ModuleType), name
+
+
+def test_module_aliases_and_attribute_chains_pass():
+    """Naming a module to reach its functions, or aliasing it to a plain name, is how kernels are
+    written; only holding a module as a value is refused."""
+    code = module("return y", prelude=(
+        "import torch.nn.functional as F\n"
+        "FUNCTIONAL = torch.nn.functional\n"
+        "try:\n    from triton.language.extra import libdevice\n"
+        "except ImportError:\n    libdevice = tl.math\n"
+        "@triton.jit\ndef erf_kernel(x_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    tl.store(x_ptr + offs, libdevice.erf(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)\n"))
+    report = static_check(code)
+    assert report.ok, report.errors
+    assert not policy.names_module("torch.nn.init.normal_")
+    assert policy.names_module("torch.nn.init.warnings")
+    assert not policy.api_name_allowed("torch.nn.init.warnings")
+    assert policy.api_name_allowed("torch.nn.init.kaiming_uniform_")

@@ -12,28 +12,7 @@ import pytest
 from extensions.config import VerifierConfig
 from extensions.verify import VerifyRequest, summarize_results, verify_batch, verify_candidate
 from extensions.verify.api import verify_code_unscreened
-
-AFFINE_PROBLEM = textwrap.dedent("""
-    import torch
-    import torch.nn as nn
-
-    class Model(nn.Module):
-        def __init__(self, alpha):
-            super().__init__()
-            self.alpha = alpha
-
-        def forward(self, x):
-            return x * self.alpha + 1.0
-
-    batch_size = 4
-    dim = 40
-
-    def get_inputs():
-        return [torch.randn(batch_size, dim)]
-
-    def get_init_inputs():
-        return [2.5]
-""")
+from sandbox_support import PROBLEM as AFFINE_PROBLEM, affine_candidate
 
 # Outputs of ~1e-5: an all-zero answer is inside atol=1e-4 everywhere.
 TINY_SCALE_PROBLEM = AFFINE_PROBLEM.replace("x * self.alpha + 1.0", "x * self.alpha").replace(
@@ -59,37 +38,6 @@ SOFTMAX_PROBLEM = textwrap.dedent("""
     def get_init_inputs():
         return []
 """)
-
-
-def affine_candidate(store: str = "x * alpha + 1.0", ret: str = "y", extra_import: str = "",
-                     prelude: str = "") -> str:
-    return textwrap.dedent(f"""
-        import torch
-        import torch.nn as nn
-        import triton
-        import triton.language as tl
-        {extra_import}
-
-        @triton.jit
-        def affine_kernel(x_ptr, y_ptr, n, alpha, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n
-            x = tl.load(x_ptr + offs, mask=mask)
-            {prelude}
-            tl.store(y_ptr + offs, {store}, mask=mask)
-
-
-        class ModelNew(nn.Module):
-            def __init__(self, alpha):
-                super().__init__()
-                self.alpha = alpha
-
-            def forward(self, x):
-                y = torch.empty_like(x)
-                n = x.numel()
-                affine_kernel[(triton.cdiv(n, 64),)](x, y, n, self.alpha, BLOCK=64)
-                return {ret}
-    """)
 
 
 SOFTMAX_CANDIDATE = textwrap.dedent("""

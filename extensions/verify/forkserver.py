@@ -32,6 +32,7 @@ import time
 from typing import Optional
 
 from . import proctree
+from .candidate_watch import CandidateWatch
 from .privileges import set_dumpable
 from .sandbox import (INSIDE_WORK_DIR, BoundedReader, ProcessOutcome, per_candidate_env,
                       start_process)
@@ -326,7 +327,7 @@ class ForkServer:
             pass
 
 
-class ForkedWorker:
+class ForkedWorker(CandidateWatch):
     """One candidate's child of a fork server; the same interface as ``SandboxedProcess``."""
 
     def __init__(self, server: ForkServer, sandbox_dir: str):
@@ -352,33 +353,8 @@ class ForkedWorker:
     def mark_baseline(self) -> None:
         """The baseline is taken at fork time: what the child shares with the server."""
 
-    def check_memory(self) -> bool:
-        limit = self.memory_limit_kb
-        if limit <= 0 or self.memory_exceeded:
-            return not self.memory_exceeded
-        if proctree.resident_kb(self.server.candidate_pids()) - self.baseline_kb > limit:
-            self.memory_exceeded = True
-            self.kill()
-        return not self.memory_exceeded
-
-    def wait_for_file(self, name: str, deadline: float) -> bool:
-        target = self.path(name)
-        checked = 0.0
-        while True:
-            now = time.monotonic()
-            if now - checked > 0.05:
-                checked = now
-                if not self.check_memory():
-                    return False
-            if os.path.exists(target):
-                return self.check_memory()
-            if self.poll() is not None:
-                return os.path.exists(target) and self.check_memory()
-            if now >= deadline:
-                self.kill()
-                self.timed_out = True
-                return False
-            time.sleep(0.02)
+    def watched_pids(self) -> list[int]:
+        return self.server.candidate_pids()
 
     def kill(self) -> None:
         self.server.kill_candidate()

@@ -3,15 +3,24 @@
 The candidate runs in the worker's process. Code that got past the static check could rebind the
 worker's functions, swap a function's ``__code__`` or patch the writer of the verdict (``json``)
 to forge a result. The snapshot records, for every function and method the listed modules define,
-the object bound to its name and its code object; ``changes()`` names whatever differs. Any change
+the object bound to its name and its code object, and the object bound to every module-level
+constant, allow-list, pattern and class (rebinding ``policy.ALLOWED_ATEN_OPS`` blinds the audit
+without changing any code); ``changes()`` names whatever differs. Any change
 is treated as cheating (``audit_tampered``). This cannot stop a forger who also rewrites the check
 itself, which is why the static allow-list keeps arbitrary Python out in the first place and the
 parent compares every output itself.
 """
 from __future__ import annotations
 
+import re
 import types
 from typing import Iterable
+
+# Module-level values whose rebinding changes what the verifier decides without touching code: the
+# policy's allow-lists (frozensets), limits (numbers), patterns, C functions (json's encoder) and
+# classes. Mutable containers and objects are left out: the worker's own state may change them.
+_PINNED_VALUE_TYPES = (str, bytes, int, float, bool, type(None), frozenset, tuple, re.Pattern,
+                       types.BuiltinFunctionType, type)
 
 
 def _functions_of(owner, module_name: str) -> Iterable[tuple[str, object]]:
@@ -28,6 +37,7 @@ def _functions_of(owner, module_name: str) -> Iterable[tuple[str, object]]:
 class CodeSnapshot:
     def __init__(self, modules: Iterable[types.ModuleType]):
         self._entries: list[tuple[str, object, str, object, object]] = []
+        self._values: list[tuple[str, object, str, object]] = []
         for module in modules:
             for qualified, function in _functions_of(module, module.__name__):
                 owner = module
@@ -37,6 +47,9 @@ class CodeSnapshot:
                     owner = vars(module)[class_name]
                 self._entries.append((f"{module.__name__}.{qualified}", owner, attr, function,
                                       function.__code__))
+            for name, value in list(vars(module).items()):
+                if not name.startswith("__") and isinstance(value, _PINNED_VALUE_TYPES):
+                    self._values.append((f"{module.__name__}.{name}", module, name, value))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -48,5 +61,8 @@ class CodeSnapshot:
             if isinstance(bound, (staticmethod, classmethod)):
                 bound = bound.__func__
             if bound is not function or function.__code__ is not code:
+                changed.append(name)
+        for name, module, attr, value in self._values:
+            if vars(module).get(attr) is not value:
                 changed.append(name)
         return changed

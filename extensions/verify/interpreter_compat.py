@@ -13,6 +13,18 @@
   right by accident. ``ProgramOrder`` can run them in a shuffled order instead: a correct kernel
   gives the same answer in any order. A kernel that waits on an earlier program (a spin-wait
   look-back) cannot finish in the interpreter when the order is shuffled.
+* A fresh CPU allocation often reads as zeros (new pages from the OS), so a kernel that leaves
+  part of a ``torch.empty`` output unwritten can look right; on a GPU the caching allocator hands
+  back old data. ``fill_fresh_memory_with_nan`` makes every ``torch.empty``/``empty_like``/
+  ``new_empty`` NaN (integers: their maximum), so an unwritten element never matches.
+* Even shuffled, programs never overlap, so a read-modify-write of another program's output with
+  a plain load and store (a lost update on a GPU, where programs run at the same time) still adds
+  up. While ``shuffled`` is set, a plain load of an address that another program of the same
+  launch stored reads the value from before that store: the schedule where every program reads
+  before the others write, which a GPU may run. Atomics, and every load of a program after its
+  first atomic (acquire: the semaphore pattern of split reductions), see memory as it is; a
+  volatile load alone orders nothing (a spin-wait on another program cannot finish under a
+  shuffled order anyway).
 
 Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
 (CUDA) is called by the worker before the candidate is imported.
@@ -29,6 +41,7 @@ import numpy as np
 def install() -> "ProgramOrder":
     use_first_autotune_config()
     make_libdevice_compute()
+    fill_fresh_memory_with_nan()
     order = ProgramOrder()
     order.install()
     return order
@@ -162,6 +175,18 @@ def make_libdevice_compute() -> None:
                 setattr(module, name, _libdevice_function(name, fn, predicate=True))
 
 
+# -- uninitialised memory ------------------------------------------------------------------------
+
+def fill_fresh_memory_with_nan() -> None:
+    import torch
+    import torch.utils.deterministic
+
+    # Deterministic mode is what turns the fill on; warn_only keeps ops without a deterministic
+    # implementation working (a warning, not an error).
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+
+
 # -- program order -------------------------------------------------------------------------------
 
 class ProgramOrder:
@@ -181,6 +206,7 @@ class ProgramOrder:
         order = self
 
         def set_grid_dim(x, y, z):
+            order.memory.start_launch()
             order._dims = (int(x), int(y), int(z))
             total = order._dims[0] * order._dims[1] * order._dims[2]
             order._permutation = None
@@ -190,6 +216,7 @@ class ProgramOrder:
             return set_dim(x, y, z)
 
         def set_grid_idx(x, y, z):
+            order.memory.start_program()
             if order._permutation is not None:
                 _gx, gy, gz = order._dims
                 linear = int(order._permutation[(x * gy + y) * gz + z])
@@ -199,3 +226,91 @@ class ProgramOrder:
 
         builder.set_grid_dim = set_grid_dim
         builder.set_grid_idx = set_grid_idx
+        self.memory = ConcurrentMemoryView(self)
+        self.memory.install(builder)
+
+
+class ConcurrentMemoryView:
+    """Within one launch, a plain load of what another program stored reads the value from before
+    that program's store (see the module docstring). Active while ``order.shuffled`` is set."""
+
+    _ATOMICS = ("create_atomic_rmw", "create_atomic_cas", "create_atomic_load", "create_atomic_store",
+                "create_atomic_poll")
+
+    def __init__(self, order: ProgramOrder):
+        self.order = order
+        self._program = -1
+        self._synchronised = False
+        self._writer: dict[int, int] = {}  # address -> the program that stored it last
+        self._before: dict[int, object] = {}  # address -> its value before the launch's first store
+        self._low, self._high = None, None
+
+    def start_launch(self) -> None:
+        self._program = -1
+        self._writer.clear()
+        self._before.clear()
+        self._low = self._high = None
+
+    def start_program(self) -> None:
+        self._program += 1
+        self._synchronised = False
+
+    def install(self, builder) -> None:
+        from triton.runtime import interpreter
+
+        load, store = builder.create_masked_load, builder.create_masked_store
+        view = self
+
+        def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
+            result = load(ptrs, mask, other, cache_policy, is_volatile)
+            if view.order.shuffled and not view._synchronised and view._writer:
+                view._see_before_other_programs(ptrs.data, mask.data, result)
+            return result
+
+        def create_masked_store(ptrs, value, mask, cache_policy):
+            if view.order.shuffled:
+                np_dtype = interpreter._get_np_dtype(ptrs.get_element_ty())
+                view._record_store(ptrs.data, mask.data, np_dtype)
+            return store(ptrs, value, mask, cache_policy)
+
+        builder.create_masked_load = create_masked_load
+        builder.create_masked_store = create_masked_store
+        for name in self._ATOMICS:
+            if hasattr(builder, name):
+                setattr(builder, name, self._synchronising(getattr(builder, name)))
+
+    def _synchronising(self, atomic: Callable) -> Callable:
+        def run(*args, **kwargs):
+            self._synchronised = True
+            return atomic(*args, **kwargs)
+        return run
+
+    def _record_store(self, addresses: np.ndarray, mask: np.ndarray, np_dtype) -> None:
+        from triton.runtime import interpreter
+
+        chosen = addresses[np.broadcast_to(mask, addresses.shape)]
+        if chosen.size == 0:
+            return
+        new = [a for a in chosen.tolist() if a not in self._before]
+        if new:
+            where = np.array(new, dtype=addresses.dtype)
+            values = interpreter._interpreter.load(where, np.ones(where.shape, dtype=bool),
+                                                   np.zeros(where.shape, dtype=np_dtype), np_dtype)
+            self._before.update(zip(new, values.tolist()))
+        self._writer.update(dict.fromkeys(chosen.tolist(), self._program))
+        low, high = int(chosen.min()), int(chosen.max())
+        self._low = low if self._low is None else min(self._low, low)
+        self._high = high if self._high is None else max(self._high, high)
+
+    def _see_before_other_programs(self, addresses: np.ndarray, mask: np.ndarray, result) -> None:
+        flat = addresses.reshape(-1)
+        loaded = np.broadcast_to(mask, addresses.shape).reshape(-1)
+        near = np.flatnonzero(loaded & (flat >= self._low) & (flat <= self._high))
+        if near.size == 0:
+            return
+        values = result.data.reshape(-1)
+        for index in near.tolist():
+            address = int(flat[index])
+            writer = self._writer.get(address)
+            if writer is not None and writer != self._program:
+                values[index] = self._before[address]

@@ -7,6 +7,10 @@ rejected unless the config sets ``verifier.allow_library_gemm`` and are then rep
 """
 from __future__ import annotations
 
+import functools
+import importlib
+import types
+
 # torch.<name>(...) calls allowed in the forward path: allocation and metadata, no math.
 ALLOWED_TORCH_FUNCTIONS = frozenset({
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
@@ -365,6 +369,11 @@ ALLOWED_PRIVATE_API = frozenset({
 })
 
 
+# Roots a module-ness lookup may import (they are the allowed imports' roots).
+_IMPORTABLE_ROOTS = frozenset({"torch", "triton", "math", "itertools", "typing", "functools",
+                               "dataclasses"})
+
+
 def import_allowed(module: str) -> bool:
     """Whether ``import module`` (or ``from module import ...``) is on the allow-list."""
     return module in ALLOWED_IMPORTS
@@ -383,14 +392,37 @@ def api_name_allowed(qualified: str) -> bool:
     if root == "triton":
         return _triton_name_allowed(parts)
     if root in STDLIB_API:
-        return len(parts) == 1 or (len(parts) == 2 and _member_allowed(STDLIB_API[root], parts[1]))
+        return len(parts) == 1 or (len(parts) == 2 and _member_allowed(STDLIB_API[root], parts[1], root))
     return False
 
 
-def _member_allowed(api: frozenset[str], name: str) -> bool:
+def _member_allowed(api: frozenset[str], name: str, namespace: str = "") -> bool:
     if name.startswith("_"):
         return False
-    return name in api or "*" in api or ("Capitalized" in api and name[:1].isupper())
+    if name in api:
+        return True
+    if "*" in api or ("Capitalized" in api and name[:1].isupper()):
+        # A wildcard admits the namespace's functions and classes, never a module it imported
+        # (torch.nn.init.warnings.sys is the sys module; a module is a way to everything).
+        return not (namespace and names_module(f"{namespace}.{name}"))
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def names_module(qualified: str) -> bool:
+    """Whether ``qualified`` (rooted at an allowed import) is a module object at run time. Looked
+    up on the modules the verifier itself imports; nothing is imported that is not already an
+    allowed import."""
+    parts = qualified.split(".")
+    if parts[0] not in _IMPORTABLE_ROOTS:
+        return False
+    try:
+        obj = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - an unknown name is simply not a module
+        return False
+    return isinstance(obj, types.ModuleType)
 
 
 def _torch_name_allowed(parts: list[str]) -> bool:
@@ -408,11 +440,12 @@ def _torch_name_allowed(parts: list[str]) -> bool:
     if head in TORCH_REFUSED_NAMES:
         return False
     if head not in TORCH_SUBMODULES:
-        return len(parts) == 2  # a function, class or dtype; never an attribute of one
+        # a function, class or dtype; never an attribute of one, nor a submodule a later torch added
+        return len(parts) == 2 and not names_module(f"torch.{head}")
     namespace = f"torch.{head}"
     for depth in range(2, len(parts)):
         api = TORCH_NAMESPACE_API.get(namespace)
-        if api is None or not _member_allowed(api, parts[depth]):
+        if api is None or not _member_allowed(api, parts[depth], namespace):
             return False
         if parts[depth][:1].isupper() and depth < len(parts) - 1:
             return False  # nn.Linear.forward, nn.Module.__call__: not through a class

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import proctree
+from .candidate_watch import CandidateWatch
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 INSIDE_WORK_DIR = "/sandbox/work"
@@ -314,7 +315,7 @@ def start_process(argv: list[str], work_dir: str, *, device: str, gpu_index: Opt
                             pass_fds=pass_fds)
 
 
-class SandboxedProcess:
+class SandboxedProcess(CandidateWatch):
     """One fresh worker process; the caller talks to it through files in ``sandbox_dir`` and lines
     on its stdin. ``memory_limit_kb`` caps the resident memory its tree gains after
     ``mark_baseline`` (checked while waiting; the tree is killed above it)."""
@@ -328,7 +329,7 @@ class SandboxedProcess:
         self.memory_limit_kb = memory_limit_kb
         self.memory_exceeded = False
         self.timed_out = False
-        self._baseline_kb = 0
+        self.baseline_kb = 0
         self._marker = uuid.uuid4().hex
         self.started = time.monotonic()
         self.proc = start_process(argv, sandbox_dir, device=device, gpu_index=gpu_index, isolation=isolation,
@@ -353,37 +354,10 @@ class SandboxedProcess:
 
     def mark_baseline(self) -> None:
         """What the worker holds before the candidate runs (interpreter, torch, Triton)."""
-        self._baseline_kb = proctree.resident_kb(proctree.descendants(self.proc.pid))
+        self.baseline_kb = proctree.resident_kb(self.watched_pids())
 
-    def check_memory(self) -> bool:
-        """False (and the tree killed) when the candidate went above its memory cap."""
-        if self.memory_limit_kb <= 0 or self.memory_exceeded:
-            return not self.memory_exceeded
-        used = proctree.resident_kb(proctree.descendants(self.proc.pid)) - self._baseline_kb
-        if used > self.memory_limit_kb:
-            self.memory_exceeded = True
-            self.kill()
-        return not self.memory_exceeded
-
-    def wait_for_file(self, name: str, deadline: float) -> bool:
-        """Wait until the worker wrote ``name`` (atomically) or exited or the deadline passed."""
-        target = self.path(name)
-        checked = 0.0
-        while True:
-            now = time.monotonic()
-            if now - checked > 0.05:
-                checked = now
-                if not self.check_memory():
-                    return False
-            if os.path.exists(target):
-                return self.check_memory()
-            if self.proc.poll() is not None:
-                return os.path.exists(target) and self.check_memory()
-            if now >= deadline:
-                self.kill()
-                self.timed_out = True
-                return False
-            time.sleep(0.02)
+    def watched_pids(self) -> list[int]:
+        return proctree.descendants(self.proc.pid)
 
     def kill(self) -> None:
         """Kill the whole tree: the worker and anything it spawned, wherever it moved to."""

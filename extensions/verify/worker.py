@@ -11,7 +11,7 @@ through a private copy of stdin, one line per step, so evaluation stops at the f
     parent: "go <job> <init> <candidate>" -> worker: reads job.json, init.safetensors, candidate.py
     worker: compile.json
     parent: writes set_<i>.in.*, "run <tensors> <json>" -> worker: set_<i>.safetensors + set_<i>.json
-            ("skip" passes a set over)                                       (repeat per input set)
+                                                                             (repeat per input set)
     parent: writes timing.in.*, "time <tensors> <json>" -> worker: timing.json (+ timing.safetensors)
     parent: "stop" -> worker exits
 
@@ -351,11 +351,11 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
-    from . import audit, compare, integrity, interpreter_compat, tensor_io
+    from . import audit, compare, integrity, interpreter_compat, policy, tensor_io
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, tensor_io, json_module,
-               json.encoder]
+    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, policy, tensor_io,
+               json_module, json.encoder]
     if device != "cpu":
         try:
             from extensions.timing import measure, runners, schedule, stats
@@ -422,8 +422,6 @@ def serve(control, clock=None) -> None:
     verdicts.write("compile.json", {"ok": True, "flags": flags, "details": details})
     for index, set_spec in enumerate(job["sets"]):
         command = control.readline().split()
-        if command == ["skip"]:
-            continue
         if not command or command[0] != "run":
             return
         try:

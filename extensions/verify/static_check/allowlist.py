@@ -50,8 +50,10 @@ class AllowList:
         for node in self.index.nodes:
             if isinstance(node, ast.Name):
                 self._check_name(node)
+                self._check_module_value(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                self._check_module_value(node)
             elif isinstance(node, ast.ImportFrom):
                 self._check_import_from(node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -89,6 +91,29 @@ class AllowList:
         elif name not in policy.ALLOWED_BUILTINS:
             self.findings.flag("forbidden_builtin", node,
                                f"name '{name}' is neither defined in the module nor an allowed builtin")
+
+    def _check_module_value(self, node: ast.expr) -> None:
+        """A module is only ever the start of an attribute chain (``tl.load``) or aliased to a plain
+        name (``F = torch.nn.functional``). Held in a tuple, passed to a function, bound by a loop
+        or a default argument, it leaves name resolution behind, and every public attribute of a
+        module (``torch.cuda.os``, ``tl.core.builtins``) becomes reachable."""
+        if not isinstance(node.ctx, ast.Load):
+            return
+        parent = self.index.parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return
+        # A class attribute is read back as ``Cls.ns``/``self.ns``, which resolves to the module's
+        # own names, not to the module it holds: only module and function scopes may alias one.
+        in_class_body = isinstance(self.index.parents.get(parent), ast.ClassDef)
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node and not in_class_body \
+                and all(isinstance(t, ast.Name) for t in (parent.targets if isinstance(parent, ast.Assign)
+                                                          else [parent.target])):
+            return
+        modules = sorted(q for q in self.index.resolve(node)
+                         if not q.startswith(LOCAL_MARK) and policy.names_module(q))
+        if modules:
+            self.findings.flag("forbidden_api", node,
+                               f"module {modules[0]} used as a value (only its attributes may be named)")
 
     # -- attributes --
 
@@ -271,8 +296,10 @@ class AllowList:
                 self.findings.flag("forbidden_builtin", node,
                                    "hasattr with a computed or private name")
         elif isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
+            # A pattern built at run time ("{0._" + "_globals_" + "_}") reads whatever it names,
+            # so only a literal pattern without attribute or item fields may be formatted.
             text = func.value.value if isinstance(func.value, ast.Constant) else None
-            if func.attr == "format_map" or (isinstance(text, str) and _FORMAT_FIELD_ACCESS.search(text)):
+            if func.attr == "format_map" or not isinstance(text, str) or _FORMAT_FIELD_ACCESS.search(text):
                 self.findings.flag("private_access", node,
                                    "str.format reading attributes or items of its arguments")
 
