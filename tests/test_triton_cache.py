@@ -140,7 +140,7 @@ def test_warm_up_seeds_triton_driver_utilities_on_cuda(tmp_path):
     """On a GPU the trusted warm-up leaves Triton's C modules (at least the driver utilities) in
     its cache, and a candidate whose cache was seeded runs no C compiler for them."""
     from extensions.config import VerifierConfig
-    from extensions.verify import verify_code_unscreened
+    from extensions.verify.api import verify_code_unscreened
 
     seed = TritonCacheSeed.build(str(tmp_path), device="cuda", gpu_index=0, isolation="process", timeout_s=300)
     assert any("cuda_utils" in name for name in seed.files), seed.note
