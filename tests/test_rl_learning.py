@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from extensions.paths import RunPaths
+from kill_support import kill_when
 from rl_synthetic import judge_nothing, round_rewards, synthetic_config, vowel_reward
 
 HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
@@ -84,18 +83,7 @@ def _round_steps_logged(paths: RunPaths, round_index: int) -> int:
     return sum(f'"step": {round_index}0000' in line and '"kind": "step"' in line for line in lines)
 
 
-def _kill_when(args, ready, timeout: float = 240.0) -> None:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        end = time.time() + timeout
-        while time.time() < end and proc.poll() is None and not ready():
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
 
 
 def _adapter_tensors(directory: Path):
@@ -118,10 +106,10 @@ def test_sigkill_mid_round_resumes_to_the_uninterrupted_adapter(tmp_path, model_
     round_log = killed.rl_candidates_log(2)
     args = _runner(killed.root, model_dir, overrides)
     # 1. killed while round 2 is sampling: some of its samples are logged, not all
-    _kill_when(args, lambda: _log_lines(round_log, "sample") >= 8)
+    kill_when(args, lambda: _log_lines(round_log, "sample") >= 8)
     assert 8 <= _log_lines(round_log, "sample") < 32 and not (killed.rl_round(2) / "manifest.json").exists()
     # 2. killed again in round 2's update, after its first optimizer step, before its checkpoint
-    _kill_when(args, lambda: _round_steps_logged(killed, 2) >= 1)
+    kill_when(args, lambda: _round_steps_logged(killed, 2) >= 1)
     assert _log_lines(round_log, "verdict") == 32 and not (killed.rl_round(2) / "manifest.json").exists()
     # 3. the rerun finishes the round from the log and the round-1 checkpoint
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)

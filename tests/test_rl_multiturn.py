@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kill_support import json_records
+
 from extensions.paths import RunPaths
 from extensions.training.objectives.best_of_n import final_turns, select_top_k, tokenize_dialogue
 from extensions.training.objectives.policy_gradient import TokenObjective
@@ -151,16 +153,6 @@ def _config(root: Path, model_dir: Path, extra=()):
     return cfg, paths
 
 
-def _records(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line torn by a kill
-    return rows
-
-
 def test_round_refines_on_feedback_logs_every_turn_and_reports_metrics(tmp_path, model_dir):
     from extensions.training.rl import run_rl
 
@@ -169,7 +161,7 @@ def test_round_refines_on_feedback_logs_every_turn_and_reports_metrics(tmp_path,
     verifier = ScriptedVerifier()
     assert run_rl(cfg, progress=False, verify_fn=verifier).status == "finished"
 
-    records = _records(paths.rl_candidates_log(1))
+    records = json_records(paths.rl_candidates_log(1))
     assert records[0]["turns"] == {"max_turns": 3, "max_prompt_tokens": 1}
     samples = {(r["task_id"], r["sample_index"], r["turn"]): r for r in records if r["type"] == "sample"}
     verdicts = [(r["task_id"], r["sample_index"], r["turn"]) for r in records if r["type"] == "verdict"]
@@ -221,7 +213,7 @@ def test_real_verdicts_become_the_next_turns_feedback(tmp_path, model_dir):
                                                "rl.algorithm=best_of_n"])
     verify_fn = make_verify_fn(cfg.verifier, "cpu", progress=False)
     assert run_rl(cfg, progress=False, verify_fn=verify_fn).status == "finished"
-    records = _records(paths.rl_candidates_log(1))
+    records = json_records(paths.rl_candidates_log(1))
     samples = {(r["sample_index"], r["turn"]): r for r in records if r["type"] == "sample"}
     verdicts = {(r["sample_index"], r["turn"]): r["result"] for r in records if r["type"] == "verdict"}
     assert sorted(samples) == sorted(verdicts) == [(0, 1), (0, 2), (1, 1), (1, 2)]  # random weights never solve

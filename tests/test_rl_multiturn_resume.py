@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from extensions.paths import RunPaths
+from kill_support import json_records, kill_when
 
 HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
 
@@ -24,28 +23,7 @@ def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 
-def _records(path: Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line torn by the kill
-    return rows
 
-
-def _kill_when(args, env, ready, timeout: float = 240.0) -> None:
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        end = time.time() + timeout
-        while time.time() < end and proc.poll() is None and not ready():
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _turn_keys(records: list[dict], kind: str) -> list[tuple]:
@@ -65,8 +43,8 @@ def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_p
     def in_turn_two() -> bool:
         return log_path.is_file() and '"turn": 2' in log_path.read_text()
 
-    _kill_when(args, env, in_turn_two)
-    before = _records(log_path)
+    kill_when(args, in_turn_two, env=env)
+    before = json_records(log_path)
     sampled_before, judged_before = set(_turn_keys(before, "sample")), set(_turn_keys(before, "verdict"))
     assert len({k for k in judged_before if k[2] == 1}) == 8  # turn 1 was finished, turn 2 begun
     assert not (paths.rl_round(1) / "manifest.json").exists()
@@ -75,7 +53,7 @@ def test_sigkilled_round_resumes_without_sampling_or_judging_a_logged_turn(tmp_p
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "reusing" in done.stdout
-    after = _records(log_path)
+    after = json_records(log_path)
     new = after[len(before):]
     new_samples, new_verdicts = _turn_keys(new, "sample"), _turn_keys(new, "verdict")
     assert new_samples and not set(new_samples) & sampled_before and not set(new_verdicts) & judged_before
