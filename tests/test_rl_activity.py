@@ -50,7 +50,7 @@ def test_activity_counts_each_candidate_and_step_once(tmp_path):
     assert activity.optimizer_steps == 2 and activity.rounds_with_updates == 1
     assert activity.damaged_lines == 1
     lines = activity.describe()
-    assert lines[0].startswith("RL candidates: 6 judged in 2 round(s); reached extract 5, static 4, compile 3")
+    assert lines[0].startswith("RL candidates: 6 judged in 2 round(s); passed extract 5, static 4, compile 3")
     assert lines[1] == "RL updates: 2 optimizer step(s) in 1 round(s)"
 
 

@@ -42,7 +42,7 @@ class RLActivity:
         if not self.rounds_logged:
             return ["RL: no candidate log yet (RL has not run)"]
         funnel = ", ".join(f"{stage} {self.reached[stage]}" for stage in FUNNEL)
-        lines = [f"RL candidates: {self.candidates_judged} judged in {self.rounds_logged} round(s); reached {funnel}; "
+        lines = [f"RL candidates: {self.candidates_judged} judged in {self.rounds_logged} round(s); passed {funnel}; "
                  f"{self.correct} correct",
                  f"RL updates: {self.optimizer_steps} optimizer step(s) in {self.rounds_with_updates} round(s)"]
         if self.reached["compile"] == 0:
