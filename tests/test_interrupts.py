@@ -91,12 +91,15 @@ def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir
 
     code = (FIXTURES / "tasks" / "relu.py").read_text()
     tasks_file = tmp_path / "tasks.jsonl"
-    tasks_file.write_text("".join(json.dumps({"task_id": f"t{i}", "level": 1, "code": code}) + "\n" for i in range(40)))
+    # Far more tasks than are generated before the signal lands, even on a loaded machine: the
+    # interrupt must reach a generation that is still running.
+    task_count = 400
+    tasks_file.write_text("".join(json.dumps({"task_id": f"t{i}", "level": 1, "code": code}) + "\n" for i in range(task_count)))
     out = tmp_path / "out"
     generations = out / "generations_tiny.jsonl"
     settings = ["--set", "eval.max_new_tokens=24", "--set", "eval.generation_batch_size=1", "--set", "eval.temperature=0.7",
                 "--set", f"model.name_or_path={model_dir}", "--set", "model.gguf_file=null", "--set", "prompt.mode=plain", "--set", "eval.turns=1",
-                "--set", "eval.num_tasks=40", "--set", "model.dtype=float32"]
+                "--set", f"eval.num_tasks={task_count}", "--set", "model.dtype=float32"]
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "evaluate.py"), "--model_path", str(model_dir),
                              "--tasks", str(tasks_file), "--name", "tiny", "--output_dir", str(out), "--smoke", *settings],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
@@ -116,4 +119,4 @@ def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir
     sampling = EvalSettings(samples_per_task=1, temperature=0.7, max_new_tokens=24, generation_batch_size=1)
     model_cfg = ModelConfig(name_or_path=str(model_dir), gguf_file=None, dtype="float32")
     left = pending_tasks(generations, tasks, str(model_dir), sampling, log=lambda _m: None, model_cfg=model_cfg)
-    assert len(left) == 40 - len({row.task_id for row in kept.rows})  # a re-run generates only the rest
+    assert len(left) == task_count - len({row.task_id for row in kept.rows})  # a re-run generates only the rest
