@@ -27,6 +27,13 @@ def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
 
+def _as_a_foreground_command() -> None:
+    # A shell starts background jobs with SIGINT ignored, and the tests may run under one; a user's
+    # Ctrl-C reaches a foreground command, whose Python turns SIGINT into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _wait_for(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.time() + timeout
     while not condition():
@@ -102,7 +109,8 @@ def test_ctrl_c_during_evaluation_keeps_finished_generations(tmp_path, model_dir
                 "--set", f"eval.num_tasks={task_count}", "--set", "model.dtype=float32"]
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "evaluate.py"), "--model_path", str(model_dir),
                              "--tasks", str(tasks_file), "--name", "tiny", "--output_dir", str(out), "--smoke", *settings],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT_ROOT,
+                            preexec_fn=_as_a_foreground_command)
     try:
         _wait_for(lambda: generations.is_file() and generations.read_text().count("\n") >= 3, proc)
         proc.send_signal(signal.SIGINT)
