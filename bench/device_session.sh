@@ -4,6 +4,7 @@
 # ./outputs/device), and the tables are printed together at the end.
 #
 #   bash bench/device_session.sh env gpu_tests verifier            # one call
+#   bash bench/device_session.sh gpu_suites_process                # the suites under process isolation
 #   bash bench/device_session.sh timing                            # another
 #   bash bench/device_session.sh rollout sft
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
@@ -44,10 +45,19 @@ print(torch.cuda.get_device_name(0), torch.cuda.device_count())'; bwrap --versio
 bwrap --ro-bind / / --dev /dev --proc /proc --unshare-net true && echo bwrap-works"
 }
 
-run_gpu_tests() {
-  step gpu_tests 420 "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py tests/test_runtime_audit.py tests/test_sandbox.py tests/test_triton_cache.py tests/test_decoding.py -p no:cacheprovider
-  step gpu_suites 420 env KERNEL_RL_TEST_DEVICE=cuda KERNELBENCH_JSONL="$KERNELBENCH" \
+run_gpu_marked() {
+  step gpu_tests 420 env KERNELBENCH_JSONL="$KERNELBENCH" "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py tests/test_runtime_audit.py tests/test_sandbox.py tests/test_triton_cache.py tests/test_decoding.py -p no:cacheprovider
+}
+
+run_gpu_suites() {  # run_gpu_suites ISOLATION (auto: bubblewrap, or process): the adversarial and correct suites on CUDA
+  local isolation=$1
+  step "gpu_suites_$isolation" 540 env KERNEL_RL_TEST_DEVICE=cuda KERNEL_RL_TEST_ISOLATION="$isolation" KERNELBENCH_JSONL="$KERNELBENCH" \
     "$PY" -m pytest -q tests/test_kernelbench_solutions.py tests/test_adversarial.py -p no:cacheprovider
+}
+
+run_gpu_tests() {
+  run_gpu_marked
+  run_gpu_suites auto
 }
 
 run_verifier() {
@@ -133,7 +143,8 @@ run_rehearsal() {
 
 for name in "$@"; do
   case "$name" in
-    env) run_env ;; gpu_tests) run_gpu_tests ;; verifier) run_verifier ;; timing) run_timing ;;
+    env) run_env ;; gpu_tests) run_gpu_tests ;; gpu_marked) run_gpu_marked ;;
+    gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; verifier) run_verifier ;; timing) run_timing ;;
     rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
     rl_algorithms) run_rl_algorithms ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
