@@ -136,15 +136,21 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, para
 
 
 def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
-                    *, progress: bool = True) -> tuple[list[list[int]], list[list[tuple[str, SampledSequence]]]]:
+                    *, progress: bool = True, prompt_ids: Optional[list[list[int]]] = None,
+                    ) -> tuple[list[list[int]], list[list[tuple[str, SampledSequence]]]]:
     """RL rollouts: the prompts' token ids and, per prompt, ``n`` (text, ``SampledSequence``) pairs.
 
     The text is the decoded completion without special tokens (what the verifier judges); the
     sequence holds the exact sampled ids and their log-probabilities (what the update trains on).
+    ``prompt_ids`` are the prompts as ``render_prompt_ids`` gives them, for a caller that already
+    rendered them (the chat template is not cheap on long prompts); None renders them here.
     """
     if not prompts:
         return [], []
-    prompt_ids = render_prompt_ids(tokenizer, prompts)
+    if prompt_ids is None:
+        prompt_ids = render_prompt_ids(tokenizer, prompts)
+    elif len(prompt_ids) != len(prompts):
+        raise ValueError(f"{len(prompt_ids)} rendered prompts for {len(prompts)} prompts")
     sequences = sample_token_ids(
         model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress, with_logprobs=True,

@@ -86,7 +86,7 @@ def _flags_raised_in(path) -> set[str]:
                 and "flags" in ast.unparse(node.func.value) and node.args
                 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             raised.add(node.args[0].value)
-        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("_add_flags") and len(node.args) > 1:
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_flags") and len(node.args) > 1:
             listed = node.args[1]
             if isinstance(listed, ast.List):
                 raised |= {e.value for e in listed.elts if isinstance(e, ast.Constant)}
@@ -99,13 +99,14 @@ def test_every_flag_the_verifier_raises_reaches_the_verdict_by_name():
     known, or a caught cheat would lose its name."""
     from pathlib import Path
 
-    from extensions.verify.judge import _add_flags
+    from extensions.verify.verdict import add_flags
 
     root = Path(__file__).resolve().parents[1] / "extensions"
-    sources = [root / "verify" / name for name in ("audit.py", "worker.py", "judge.py")]
+    sources = [root / "verify" / name
+               for name in ("audit.py", "worker.py", "judge.py", "candidate_run.py", "verdict.py")]
     sources += sorted((root / "timing").glob("*.py"))
     raised = set().union(*(_flags_raised_in(path) for path in sources))
     assert {"host_compute", "decoy_kernel", "audit_tampered", "reduced_size", "timer_patched"} <= raised
     result = VerifyResult("c")
-    _add_flags(result, sorted(raised))
+    add_flags(result, sorted(raised))
     assert "unrecognised_flag" not in result.flags and set(result.flags) == raised

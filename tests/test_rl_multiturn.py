@@ -203,6 +203,73 @@ def test_round_refines_on_feedback_logs_every_turn_and_reports_metrics(tmp_path,
     assert "round/multiturn/per_turn/2/correct_rate" in events.Tags()["scalars"]
 
 
+class RenderCountingTokenizer:
+    """A tokenizer that notes every chat prompt rendered through it, in order (``events``)."""
+
+    def __init__(self, tokenizer, events: list):
+        self.inner, self.events = tokenizer, events
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.events.append(("render", json.dumps(messages, sort_keys=True)))
+        return self.inner.apply_chat_template(messages, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_turn_renders_each_prompt_once_and_samples_the_tokens_that_prompt_gives(tmp_path, model_dir, monkeypatch):
+    """Fitting a prompt to the budget, ordering prompts by length and sampling share one rendering
+    per distinct prompt per turn (the samples of a task share their first prompt), and the sampler
+    draws exactly what it draws when it renders the prompts itself."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from extensions.modeling import load_tokenizer
+    from extensions.prompt_builder import PromptBuilder
+    from extensions.sampling import render_prompt_ids
+    from extensions.training import rollouts
+    from extensions.training.distributed import make_dist
+    from extensions.training.tiny import tiny_rl_tasks
+    from extensions.training.turn_rollouts import collect_trajectories
+
+    # A budget no prompt meets: turn 3 renders each whole dialogue, then the one with turn 1 dropped.
+    cfg, paths = _config(tmp_path, model_dir, ["prompt.max_prompt_tokens=1"])
+    events: list[tuple[str, str]] = []
+    tokenizer = RenderCountingTokenizer(load_tokenizer(cfg.model), events)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    sample = rollouts.sample_rollouts
+
+    def checked_sample(model, tokenizer, prompts, n, params, *, progress=True, prompt_ids=None):
+        events.append(("sample", ""))
+        assert prompt_ids == render_prompt_ids(tokenizer.inner, prompts)
+        given = sample(model, tokenizer, prompts, n, params, progress=progress, prompt_ids=prompt_ids)
+        rendered_here = sample(model, tokenizer.inner, prompts, n, params, progress=progress)
+        assert [[seq.token_ids for _, seq in per_prompt] for per_prompt in given[1]] == \
+            [[seq.token_ids for _, seq in per_prompt] for per_prompt in rendered_here[1]]
+        return given
+
+    monkeypatch.setattr(rollouts, "sample_rollouts", checked_sample)
+    ctx = rollouts.RoundContext(cfg, paths, make_dist(cfg.model), tokenizer, ScriptedVerifier(), progress=False,
+                                prompts=PromptBuilder())
+    candidates, _ = collect_trajectories(ctx, model, 1, tiny_rl_tasks(2, levels=(1,)), "base")
+    assert sorted({c.turn for c in candidates}) == [1, 2, 3] and max(c.turns_dropped for c in candidates) == 1
+
+    turns: list[list[str]] = [[]]  # the prompts rendered between one turn's sampling and the next
+    for kind, prompt in events:
+        if kind == "sample" and turns[-1]:
+            turns.append([])
+        elif kind == "render":
+            turns[-1].append(prompt)
+    assert len(turns) == 3 + 1 and not turns[-1]
+    for rendered in turns[:-1]:
+        assert len(rendered) == len(set(rendered))
+    rendered_anywhere = {prompt for rendered in turns for prompt in rendered}
+    assert {json.dumps(c.prompt, sort_keys=True) for c in candidates} <= rendered_anywhere
+
+
 def test_real_verdicts_become_the_next_turns_feedback(tmp_path, model_dir):
     """The project verifier judges the tiny model's answers in the interpreter; its verdict, as the
     feedback text, is the user turn the next turn is sampled after."""

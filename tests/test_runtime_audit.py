@@ -313,11 +313,12 @@ def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
 
 
 def test_a_cpu_verdict_without_a_set_above_the_cap_says_reduced_size():
-    from extensions.verify.judge import PreparedProblem, _Run
+    from extensions.verify.candidate_run import CandidateRun
+    from extensions.verify.judge import PreparedProblem
     from extensions.verify.result import VerifyResult
 
     def verdict(shrunk: bool, sets_run: list[str]) -> VerifyResult:
-        run = _Run.__new__(_Run)
+        run = CandidateRun.__new__(CandidateRun)
         run.device = "cpu"
         run.prepared = PreparedProblem(True, shrunk=shrunk, sets=[
             {"name": "base", "kind": "base", "numel": 100},

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from extensions.modeling import prepare_tokenizer
-from extensions.sampling import SamplingParams, render_prompt_ids, sample_completions, sample_token_ids
+from extensions.sampling import (SamplingParams, render_prompt_ids, sample_completions, sample_rollouts,
+                                 sample_token_ids)
 from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer
 
 
@@ -82,3 +83,6 @@ def test_bad_arguments_are_rejected(tiny):
         sample_completions(model, tokenizer, PROMPTS, 0, SamplingParams())
     with pytest.raises(ValueError, match="batch_size"):
         sample_completions(model, tokenizer, PROMPTS, 1, SamplingParams(batch_size=0))
+    with pytest.raises(ValueError, match="2 rendered prompts for 3 prompts"):
+        sample_rollouts(model, tokenizer, PROMPTS, 1, SamplingParams(),
+                        prompt_ids=render_prompt_ids(tokenizer, PROMPTS[:2]))

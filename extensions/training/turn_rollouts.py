@@ -14,6 +14,7 @@ answer after the prompt it was sampled from.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Sequence
 
@@ -52,6 +53,9 @@ class RoundTrajectories:
         self.sampled: dict[TurnKey, dict] = {}  # this round's turns: text, token ids, log-probs, prompt
         self.verdicts: dict[TurnKey, dict] = {}
         self.current: list[TurnKey] = []  # keys of the turn being run, in the driver's order
+        # This turn's prompts as token ids, by content: fitting a prompt to the budget, ordering the
+        # prompts by length and sampling all read the one rendering (and samples of a task share it).
+        self.rendered: dict[str, list[int]] = {}
         self.stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0}
         self.checks = 0
 
@@ -83,7 +87,14 @@ class RoundTrajectories:
 
     # -- the driver's callables ----------------------------------------------------------------------------
     def count_tokens(self, messages: list[dict]) -> int:
-        return len(render_prompt_ids(self.ctx.tokenizer, [messages])[0])
+        return len(self.prompt_ids(messages))
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """``messages`` rendered through the chat template, once per turn."""
+        key = json.dumps(messages, sort_keys=True)
+        if key not in self.rendered:
+            self.rendered[key] = render_prompt_ids(self.ctx.tokenizer, [messages])[0]
+        return self.rendered[key]
 
     def generate(self, prompts: list[list[dict]], turn: int) -> list[str]:
         live = live_trajectories(self.trajectories, turn)
@@ -98,6 +109,7 @@ class RoundTrajectories:
         started = time.perf_counter()
         self._sample(missing, turn)
         self.stats["sampling_s"] += time.perf_counter() - started
+        self.rendered.clear()  # the next turn's prompts are new
         self._check()
         return [self.sampled[key]["text"] for key in self.current]
 
@@ -105,7 +117,8 @@ class RoundTrajectories:
         if not missing:
             return
         rl, ctx = self.rl, self.ctx
-        lengths = [len(ids) for ids in render_prompt_ids(ctx.tokenizer, [messages for _, messages in missing])]
+        prompt_ids = [self.prompt_ids(messages) for _, messages in missing]
+        lengths = [len(ids) for ids in prompt_ids]
         order = sorted(range(len(missing)), key=lambda j: (-lengths[j], missing[j][0]))
         batch = max(1, rl.generation_batch_size)
         for chunk_index, start in enumerate(range(0, len(order), batch)):
@@ -116,7 +129,8 @@ class RoundTrajectories:
                 batch_size=batch, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
             )
             _, sampled = rollouts.sample_rollouts(self.model, ctx.tokenizer, [missing[j][1] for j in chunk], 1,
-                                                  params, progress=ctx.progress)
+                                                  params, progress=ctx.progress,
+                                                  prompt_ids=[prompt_ids[j] for j in chunk])
             records = []
             for j, ((text, sequence),) in zip(chunk, sampled):
                 key, messages = missing[j]

@@ -39,7 +39,7 @@ VALUE_VARIATIONS = ("signed", "scale_down", "scale_up", "shift")
 
 
 def value_transforms(params: dict) -> dict[str, Callable]:
-    """The value variations for one batch, from parameters the parent drew (see ``judge.draw_secret``):
+    """The value variations for one batch, from parameters the parent drew (see ``reference_data.draw_secret``):
     ``signed`` ``x*a - b`` (times -1 or 1), ``scale_down``/``scale_up`` ``x*s``, ``shift`` ``x + s``."""
     a, b, sign = params["signed"]
     down, up, shift = float(params["scale_down"]), float(params["scale_up"]), float(params["shift"])

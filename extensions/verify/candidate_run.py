@@ -1,0 +1,281 @@
+"""One candidate's run in its sandboxed worker, after the job is handed over.
+
+``CandidateRun`` hands the worker one input set at a time, each written into its directory just
+before its ``run`` (so nothing of the inputs exists while the candidate is imported and built); it
+compares every output here in the parent (shape, dtype, tolerance, relative error, NaN/Inf, inputs
+unchanged) and stops at the first failure; on CUDA, after every set passed, it asks the worker to
+time the candidate.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+from .compare import compare_outputs, inputs_unchanged
+from .launcher import write_private
+from .phases import sanitize_phases
+from .redact import safe_name, sanitize_data
+from .reference_data import PreparedProblem
+from .result import VerifyResult
+from .reward import is_cheating
+from .sandbox import SandboxedProcess
+from .tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, unpack
+from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
+
+
+def _memory_limit_mb(config, prepared: PreparedProblem) -> int:
+    """The candidate's cap: ``memory_limit_mb`` plus twice the problem's own tensors (the worker
+    holds the inputs and copies of its outputs on the host), so a large problem is not refused."""
+    base = int(getattr(config, "memory_limit_mb", 0))
+    if base <= 0:
+        return 0
+    return base + ((2 * (_bytes_of(prepared.inputs) + _bytes_of(prepared.expected))) >> 20)
+
+
+def _bytes_of(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class CandidateRun:
+    """One candidate's worker process and the bookkeeping of its verdict."""
+
+    def __init__(self, code: str, prepared: PreparedProblem, config, device: str, gpu: Optional[int],
+                 proc: SandboxedProcess, result: VerifyResult, timing: bool):
+        self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
+        self.result, self.proc = result, proc
+        self.worker_phases: dict[str, float] = {}
+        sandbox_dir = proc.sandbox_dir
+        # Under process isolation other processes of this user could rewrite what is written here:
+        # every file is hashed from the bytes written, the hashes go on the worker's private control
+        # channel, and the worker uses only bytes it checked against them.
+        candidate_sha = write_private(os.path.join(sandbox_dir, "candidate.py"), code.encode())
+        if timing:
+            problem_sha = write_private(os.path.join(sandbox_dir, "problem.py"), prepared.source.encode())
+            timing = {"problem_file": "problem.py", "problem_sha256": problem_sha, "config": _plain_config(config)}
+        else:
+            timing = None
+        init_tensors: dict[str, Any] = {}
+        inits = [pack(unpack(spec, prepared.inputs), f"init{i}", init_tensors)
+                 for i, spec in enumerate(prepared.inits)]
+        init_sha = write_private(os.path.join(sandbox_dir, "init.safetensors"), tensor_bytes(init_tensors))
+        job = {
+            "device": device, "seed": config.seed, "inits": inits, "init_file": "init.safetensors",
+            "sets": [self._set_job(s) for s in prepared.sets],
+            "allow_library_gemm": config.allow_library_gemm, "timing": timing,
+            "memory_limit_mb": _memory_limit_mb(config, prepared),
+        }
+        proc.memory_limit_kb = job["memory_limit_mb"] * 1024
+        job_sha = write_private(os.path.join(sandbox_dir, "job.json.tmp"), json.dumps(job).encode())
+        os.replace(os.path.join(sandbox_dir, "job.json.tmp"), os.path.join(sandbox_dir, "job.json"))
+        proc.send_line(f"go {job_sha} {init_sha} {candidate_sha}")
+
+    def _set_job(self, set_info: dict) -> dict:
+        """What the worker learns of a set before its run: no values. On CUDA the base set runs
+        twice (a kernel reading uninitialised memory gives two answers); on CPU the interpreter
+        runs the programs of every set past the base in a shuffled order, so a kernel that relies
+        on program order (a cross-program race) gives another answer."""
+        kind = set_info["kind"]
+        return {
+            "name": set_info["name"], "timing": set_info["timing"], "init": int(set_info.get("init", 0)),
+            "repeat": self.device != "cpu" and kind == "base",
+            "shuffle_programs": self.device == "cpu" and kind not in ("tiny", "base"),
+        }
+
+    def hand_over_inputs(self, stem: str, values_specs: list, **fields) -> str:
+        """Write the values of ``values_specs`` into the sandbox as ``stem``.safetensors plus
+        ``stem``.json (their structure and ``fields``; written last, atomically). Returns the
+        hashes of both ("<tensors> <json>"), for the command that announces them."""
+        tensors: dict[str, Any] = {}
+        packed = [pack(unpack(spec, self.prepared.inputs), f"in{i}", tensors)
+                  for i, spec in enumerate(values_specs)]
+        tensors_sha = write_private(self.proc.path(stem + ".safetensors"), tensor_bytes(tensors))
+        tmp = self.proc.path(stem + ".json.tmp")
+        json_sha = write_private(tmp, json.dumps({"values": packed, **fields}).encode())
+        os.replace(tmp, self.proc.path(stem + ".json"))
+        return f"{tensors_sha} {json_sha}"
+
+    def wait(self, name: str, deadline: float, phase: str) -> Optional[dict]:
+        """The worker's status file ``name``, or None with ``result.error`` saying why not."""
+        if not self.proc.wait_for_file(name, deadline):
+            if self.proc.memory_exceeded:
+                fail(self.result, phase, "memory_limit",
+                     f"more than {self.proc.memory_limit_kb >> 10} MB of host memory; killed")
+                self.result.details["memory_exceeded"] = True
+            elif self.proc.timed_out:
+                fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
+                self.result.details["timed_out"] = True
+            else:
+                code = self.proc.poll()
+                outcome = self.proc.finish(time.monotonic() + 5)
+                last = tail_line(outcome.stderr)
+                fail(self.result, phase, "crashed", f"exit status {code}" + (f" ({last})" if last else ""))
+            return None
+        try:
+            status = read_status(self.proc.path(name))
+        except (OSError, ValueError) as exc:
+            fail(self.result, phase, "bad_output", f"unreadable worker status ({type(exc).__name__})")
+            return None
+        self.worker_phases = sanitize_phases(status.get("phase_s")) or self.worker_phases
+        return status
+
+    def judge_sets(self, deadline: float) -> bool:
+        """Run every input set; True when all passed every check."""
+        prepared, result, cfg = self.prepared, self.result, self.config
+        staged = cfg.enable_staged_eval
+        all_ok = True
+        for index, set_info in enumerate(prepared.sets):
+            phase = "tiny" if set_info["kind"] == "tiny" else "full"
+            if set_info["kind"] == "wide":
+                deadline = self._wide_set_deadline(deadline)
+            hashes = self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
+            self.proc.send_line(f"run {hashes}")
+            status = self.wait(f"set_{index}.json", deadline, phase)
+            if status is None:
+                return False
+            ok = self._check_set(index, set_info, status, phase)
+            if not ok:
+                all_ok = False
+                if staged or is_cheating(result.flags) or result.error_category in ("timeout", "memory_limit"):
+                    return False
+            elif phase == "tiny" and all_ok:
+                result.stage = "tiny"
+        if all_ok:
+            result.stage = "full"
+            self._check_size_coverage()
+        return all_ok
+
+    def _wide_set_deadline(self, deadline: float) -> float:
+        """On CPU the set above the cap gets a time budget of its own: were it skipped when the
+        time left looked short, a candidate that handles only the first cap-many elements would
+        pick its own verdict by being slow on the smaller sets."""
+        if self.device != "cpu":
+            return deadline
+        return max(deadline, time.monotonic() + self.config.timeout_s)
+
+    def _note_reduced_size(self, why: str) -> None:
+        add_flags(self.result, ["reduced_size"])
+        self.result.details["reduced_size"] = why
+
+    def _check_size_coverage(self) -> None:
+        """On CPU the base sizes are shrunk to the cap: unless a set above the cap ran, the verdict
+        holds at reduced size only, and the result says so."""
+        if self.device != "cpu" or not self.prepared.shrunk or "reduced_size" in self.result.flags:
+            return
+        ran = set(self.result.details.get("sets_run", []))
+        if not any(s.get("above_cap") for s in self.prepared.sets if s["name"] in ran):
+            self._note_reduced_size("no input set above the CPU element cap could be built")
+
+    def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
+        result, cfg = self.result, self.config
+        add_flags(result, status.get("flags"))
+        calls = status.get("library_calls")
+        for call in calls if isinstance(calls, list) else []:
+            call = safe_name(call)
+            if call not in result.allowed_library_calls:
+                result.allowed_library_calls.append(call)
+        label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
+        if not status.get("ok"):
+            status_failure(result, label, status)
+            return False
+        if is_cheating(result.flags):
+            fail(result, label, "audit", audit_summary(result.flags, status))
+            return False
+        expected_tensors_bytes = _bytes_of(self.prepared.expected) + _bytes_of(self.prepared.inputs)
+        try:
+            tensors = load_tensors(self.proc.path(f"set_{index}.safetensors"),
+                                   max_bytes=4 * expected_tensors_bytes + (1 << 20))
+            output = unpack(status["output"], tensors)
+            inputs_after = unpack(status["inputs_after"], tensors)
+        except (TensorIOError, KeyError, OSError) as exc:
+            fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
+            return False
+        inputs_before = unpack(set_info["inputs"], self.prepared.inputs)
+        if not inputs_unchanged(inputs_after, inputs_before):
+            add_flags(result, ["mutated_inputs"])
+            fail(result, label, "mutated_inputs", "forward modified its inputs")
+            return False
+        expected = unpack(set_info["expected"], self.prepared.expected)
+        mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
+        if mismatch is not None:
+            fail(result, label, "mismatch", mismatch.message)
+            result.details.setdefault("mismatch", mismatch.reason)
+            return False
+        if "output_repeat" in status:
+            try:
+                again = unpack(status["output_repeat"], tensors)
+            except (TensorIOError, KeyError) as exc:
+                fail(result, label, "bad_output", f"unreadable second output ({type(exc).__name__})")
+                return False
+            mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0))
+            if mismatch is not None:
+                fail(result, label, "mismatch", f"a second run on the same inputs differs ({mismatch.message}); "
+                     "uninitialised memory or a race?")
+                result.details.setdefault("mismatch", "second_run")
+                return False
+        launches = status.get("launches")
+        result.details.setdefault("launches", []).append(launches if isinstance(launches, int) else None)
+        result.details.setdefault("sets_run", []).append(set_info["name"])
+        return True
+
+    def _hand_over_timing_inputs(self) -> str:
+        indices = [i for i, s in enumerate(self.prepared.sets) if s["timing"]]
+        return self.hand_over_inputs("timing.in", [self.prepared.sets[i]["inputs"] for i in indices],
+                                     sets=indices)
+
+    def time_candidate(self) -> None:
+        result, cfg = self.result, self.config
+        try:
+            from extensions.timing import gpu_lease
+        except Exception as exc:  # noqa: BLE001 - the timer is optional
+            fail(result, "timing", "timing", f"timer unavailable: {type(exc).__name__}")
+            self.proc.send_line("stop")
+            return
+        try:
+            # The lease keeps other verifier processes on this machine off the GPU while timing.
+            with gpu_lease(self.gpu if self.gpu is not None else 0, timeout_s=cfg.timeout_s):
+                hashes = self._hand_over_timing_inputs()
+                self.proc.send_line(f"time {hashes}")
+                status = self.wait("timing.json", time.monotonic() + cfg.timeout_s, "timing")
+        except TimeoutError as exc:
+            fail(result, "timing", "timeout", str(exc))
+            return
+        if status is None:
+            return
+        if status.get("sandbox_error"):
+            fail(result, "timing", "sandbox", status.get("error"))
+            return
+        if status.get("error"):
+            fail(result, "timing", "timing", status["error"])
+            return
+        report = sanitize_data(status.get("report")) or {}
+        result.timing = report
+        add_flags(result, report.get("flags"))
+        speedup = report.get("speedup")
+        if "last_output" in status:
+            set_index = int(status.get("last_set", -1))
+            try:
+                tensors = load_tensors(self.proc.path("timing.safetensors"),
+                                       max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
+                last = unpack(status["last_output"], tensors)
+                timed_set = self.prepared.sets[set_index]
+                expected = unpack(timed_set["expected"], self.prepared.expected)
+                if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0)) is not None:
+                    add_flags(result, ["memoized_output"])
+                    fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
+            except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
+                add_flags(result, ["memoized_output"])
+                fail(result, "timing", "bad_output", f"last output unreadable ({type(exc).__name__})")
+        if isinstance(speedup, (int, float)) and speedup == speedup and speedup > 0:
+            result.speedup = float(speedup)
+            if result.speedup > cfg.speedup_review_bound:
+                add_flags(result, ["speedup_review"])
+            if not is_cheating(result.flags) and result.stage == "full":
+                result.stage = "timing"
+
+
+def _plain_config(config) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(config)

@@ -1,0 +1,114 @@
+"""A problem's reference data for one batch: input sets and expected outputs.
+
+``ProblemPreparer`` builds them once per problem per batch in a trusted reference process, from an
+input seed and value transforms drawn here per batch from the OS's secure random source
+(``draw_secret``: sent on the reference's stdin, never written to a file). The inputs and expected
+outputs then live in this process's memory only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .sandbox import SandboxedProcess
+from .tensor_io import load_tensors
+from .verdict import tail_line
+
+
+def draw_secret() -> dict:
+    """One batch's input seed and value-transform parameters, from the OS's secure random source.
+    They reach the trusted reference process only; no candidate can replay its inputs."""
+    rng = secrets.SystemRandom()
+    scale = rng.uniform(3.0, 5.0)
+    return {
+        "input_seed": secrets.randbits(62),
+        "transforms": {
+            "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
+            "scale_down": 10 ** rng.uniform(-3.5, -2.5),
+            "scale_up": 10 ** rng.uniform(2.0, 3.0),
+            "shift": rng.choice((-1.0, 1.0)) * rng.uniform(1.5, 3.5),
+        },
+    }
+
+
+@dataclass
+class PreparedProblem:
+    ok: bool
+    error: Optional[str] = None
+    directory: str = ""
+    source: str = ""  # the problem at the sizes used (shrunk on CPU)
+    init: Any = None
+    inits: list = field(default_factory=list)  # constructor arguments per init index (0: base)
+    sets: list[dict] = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)  # in memory only: handed out one set at a time
+    expected: dict = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
+    seconds: float = 0.0  # the reference process's wall time (once per problem per batch)
+
+
+class ProblemPreparer:
+    """Builds each problem once (thread-safe); failures are verdicts on the problem, not crashes."""
+
+    def __init__(self, config, device: str, work_root: str, pool):
+        self.config, self.device, self.work_root, self.pool = config, device, work_root, pool
+
+    def prepare(self, problem_code: str) -> PreparedProblem:
+        job_dir = tempfile.mkdtemp(prefix="problem-", dir=self.work_root)
+        with open(os.path.join(job_dir, "problem.py"), "w") as fh:
+            fh.write(problem_code)
+        cfg = self.config
+        cap = cfg.cpu_max_input_numel if self.device == "cpu" else cfg.cuda_max_input_numel
+        job = {
+            "device": self.device, "seed": cfg.seed, "max_input_numel": cap,
+            "tiny_first": cfg.enable_staged_eval and cfg.staged_tiny_batch_first,
+            "multi_input": cfg.enable_multi_input, "num_tests": cfg.multi_input_num_tests,
+            "shape_variations": cfg.multi_input_shape_variations,
+            "value_variations": cfg.multi_input_value_variations, "threads": 1,
+        }
+        with open(os.path.join(job_dir, "job.json"), "w") as fh:
+            json.dump(job, fh)
+        gpu = self.pool.next_gpu()
+        started = time.monotonic()
+        with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
+            proc = SandboxedProcess(
+                [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
+                device=self.device, gpu_index=gpu, isolation="process",
+                max_output_bytes=cfg.max_output_bytes,
+            )
+            proc.send_line(json.dumps(draw_secret()))
+            # The reference runs several input sets and variations: a few timeouts' worth.
+            outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
+        seconds = time.monotonic() - started
+        prepared_path = os.path.join(job_dir, "prepared.json")
+        if outcome.timed_out:
+            return PreparedProblem(False, f"reference timed out after {3 * cfg.timeout_s:.0f}s")
+        if outcome.returncode != 0 or not os.path.exists(prepared_path):
+            return PreparedProblem(False, tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
+        with open(prepared_path) as fh:
+            data = json.load(fh)
+        prepared = PreparedProblem(
+            True, directory=job_dir, source=data["problem_source"], init=data["init"],
+            inits=data.get("inits") or [data["init"]], sets=data["sets"],
+            inputs=_private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors"))),
+            expected=_private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors"))),
+            skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
+        )
+        # Inputs and expected outputs live in the parent's memory only.
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return prepared
+
+
+def _private_copy(tensors: dict) -> dict:
+    """Tensors in this process's own memory. safetensors may map the file instead, and a mapped
+    page still follows the file until it is written: a process that rewrote the file would then
+    change the parent's reference copy."""
+    return {name: tensor.clone() for name, tensor in tensors.items()}
