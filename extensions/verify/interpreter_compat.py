@@ -26,6 +26,12 @@
   volatile load alone orders nothing (a spin-wait on another program cannot finish under a
   shuffled order anyway).
 
+* The interpreter lets a kernel read any module-level Python value; Triton compiling for a GPU
+  refuses every global that is not a ``tl.constexpr(...)``, a module, another ``@triton.jit``
+  function or a Triton builtin or dtype (``Cannot access global variable``), so such a kernel is
+  right on CPU and does not compile on a GPU. ``refuse_non_constexpr_globals`` applies the
+  compiler's rule to each kernel (and each ``@triton.jit`` helper) the first time it runs.
+
 Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
 (CUDA) is called by the worker before the candidate is imported.
 """
@@ -41,6 +47,7 @@ import numpy as np
 def install() -> "ProgramOrder":
     use_first_autotune_config()
     make_libdevice_compute()
+    refuse_non_constexpr_globals()
     fill_fresh_memory_with_nan()
     order = ProgramOrder()
     order.install()
@@ -173,6 +180,75 @@ def make_libdevice_compute() -> None:
         for name, fn in _PREDICATES.items():
             if hasattr(module, name):
                 setattr(module, name, _libdevice_function(name, fn, predicate=True))
+
+
+# -- module-level values read by kernels ---------------------------------------------------------
+
+def _global_reads(fn) -> set[str]:
+    """Names ``fn``'s body reads that it neither takes as a parameter nor assigns: its globals (or
+    builtins). Argument defaults are left out: the compiler allows globals there."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    func = next(node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    arguments = func.args
+    own = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
+    own |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    loads: set[str] = set()
+    for statement in func.body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    loads.add(node.id)
+                else:
+                    own.add(node.id)
+    return loads - own
+
+
+def _compiler_accepts_global(value) -> bool:
+    """Triton's rule for a module-level value read inside a kernel (its code generator's global
+    lookup): constexpr values, modules, jit functions, Triton builtins, dtypes and named tuples."""
+    import types
+
+    import triton.language as tl
+    from triton.runtime import jit
+    from triton.runtime.interpreter import InterpretedFunction
+
+    jit_types = tuple(t for t in (InterpretedFunction, getattr(jit, "JITCallable", None), jit.JITFunction) if t)
+    return (isinstance(value, (types.ModuleType, tl.constexpr, tl.dtype) + jit_types)
+            or bool(getattr(value, "__triton_builtin__", False))
+            or bool(getattr(value, "__triton_aggregate__", False))
+            or str(getattr(value, "__module__", "") or "").startswith("triton.language")
+            or (isinstance(value, tuple) and hasattr(type(value), "_fields")))
+
+
+def check_kernel_globals(fn) -> None:
+    """Raise the compiler's ``NameError`` if ``fn`` (a kernel's Python function) reads a global
+    that Triton would refuse when compiling it for a GPU."""
+    namespace = getattr(fn, "__globals__", {})
+    for name in sorted(_global_reads(fn)):
+        if name in namespace and not _compiler_accepts_global(namespace[name]):
+            raise NameError(f"Cannot access global variable {name} from within @jit'ed function "
+                            f"{fn.__name__}: Triton kernels read only module-level values made with "
+                            f"tl.constexpr(...); compiled for a GPU this kernel fails")
+
+
+def refuse_non_constexpr_globals() -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    rewrite = InterpretedFunction.rewrite
+    checked: set = set()
+
+    def rewrite_checked(self):
+        # Every launch and every device-function call rewrites the function first.
+        if self.fn not in checked:
+            check_kernel_globals(self.fn)
+            checked.add(self.fn)
+        return rewrite(self)
+
+    InterpretedFunction.rewrite = rewrite_checked
 
 
 # -- uninitialised memory ------------------------------------------------------------------------
