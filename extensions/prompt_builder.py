@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .prompts import add_worked_examples, build_messages
+from .prompts import EXAMPLES_AS, add_worked_examples, build_messages
 
 PROMPT_MODES = ("plain", "raicl")
 _CANDIDATES_PER_EXAMPLE = 4
@@ -83,6 +83,7 @@ class PromptBuilder:
         if self.mode == "plain":
             return {"mode": "plain"}
         return {"mode": "raicl", "k": self.k, "max_example_chars": self.max_example_chars,
+                "examples_as": EXAMPLES_AS,
                 "index": {k: self.retriever.meta.get(k) for k in ("backend", "examples", "model")}}
 
     def stats(self) -> dict:

@@ -15,6 +15,7 @@ from extensions.data.dedup import code_shingles, jaccard
 from extensions.data.kernelbook import rename_class
 from extensions.paths import RunPaths, retrieval_index_dir
 from extensions.prompt_builder import PromptBuilder
+from extensions.prompts import CLOSING_LINE, build_messages, format_completion
 from extensions.data.retrieval import Example, ExampleRetriever, RetrievalUnavailable, build_index
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"
@@ -93,10 +94,11 @@ def test_sft_prompts_show_other_pairs_never_their_own_solution(prepared):
     rows = _read_jsonl(out / "sft_train.jsonl") + _read_jsonl(out / "sft_val.jsonl")
     with_examples = 0
     for row in rows:
-        prompt = row["prompt"][-1]["content"]
+        prompt = "\n".join(turn["content"] for turn in row["prompt"])
         own_solution = row["completion"].removeprefix("```python\n").removesuffix("\n```")
         assert own_solution not in prompt
-        with_examples += prompt.startswith("Worked examples")
+        # The fixed worked example's exchange, then at least one retrieved pair's.
+        with_examples += len(row["prompt"]) >= len(build_messages("x")) + 2
     assert with_examples == len(rows)
     stats = report["retrieval"]["sft_prompts"]
     assert stats["mode"] == "raicl" and stats["prompts"] == len(rows)
@@ -118,8 +120,15 @@ def test_example_budget_leaves_out_what_does_not_fit(tmp_path):
     one = PromptBuilder("raicl", k=1, max_example_chars=400, retriever=retriever)
     assert len(one.examples_for(query)) == 1
     messages = builder.messages(query)
-    assert messages[-1]["content"].count("Triton rewrite:") == 2
-    assert PromptBuilder("plain").messages(query)[-1]["content"] == messages[-1]["content"].split("The task.\n\n")[1]
+    plain = PromptBuilder("plain").messages(query)
+    # Each example is an earlier exchange (its task, then its rewrite), the most similar one last,
+    # right before the task; the task's own turn is the plain prompt's plus one closing line.
+    examples = messages[len(plain) - 1:-1]
+    assert [m["role"] for m in examples] == ["user", "assistant"] * 2
+    assert [m["content"] for m in examples[1::2]] == [format_completion(s) for _t, s in reversed(shown)]
+    assert shown[0][0].strip() in examples[-2]["content"]
+    assert messages[:len(plain) - 1] == plain[:-1]
+    assert messages[-1]["content"] == f"{plain[-1]['content']}\n\n{CLOSING_LINE}"
 
 
 def test_bad_prompt_settings_and_missing_index_name_the_problem(tmp_path):
