@@ -185,6 +185,8 @@ class FakeCompiled:
                                  "forbidden_api"),
     "kernel_object_reached_through_a_list": (module("return y", init="self.k = [copy_kernel][0].fn"),
                                              "forbidden_api"),
+    "module_compile_method": (module("return y", init="self.act = nn.ReLU()\n        self.act.compile()"),
+                              "forbidden_api"),
     "torch_file_writer_class": (module("return y", init="torch.PyTorchFileWriter('f').write_end_of_file()"),
                                 "forbidden_api"),
     "torch_fork_thread": (module("return torch.wait(torch.fork(torch.empty_like, y))"), "forbidden_api"),

@@ -27,6 +27,8 @@ FOREIGN_KIND_ATTRIBUTES = frozenset({
     "from_file", "tofile", "tobytes", "dump", "dumps", "ctypes", "to_dlpack", "handle", "fn", "src",
     "cache", "device_caches", "binder", "launch_metadata", "do_bench", "kernel", "base_fn",
     "pre_run_hooks", "used_global_vals", "rewriter", "importlib", "os", "sys", "builtins",
+    # nn.Module.compile is torch.compile: on CPU its generated C++ runs below every operator audit
+    "compile", "asm", "function", "packed_metadata",
 })
 
 # Properties of torch.Tensor (its methods are listed in policy).
