@@ -187,6 +187,7 @@ class FakeCompiled:
                                              "forbidden_api"),
     "module_compile_method": (module("return y", init="self.act = nn.ReLU()\n        self.act.compile()"),
                               "forbidden_api"),
+    "self_compile_method": (module("return y", init="self.compile()"), "forbidden_api"),
     "torch_file_writer_class": (module("return y", init="torch.PyTorchFileWriter('f').write_end_of_file()"),
                                 "forbidden_api"),
     "torch_fork_thread": (module("return torch.wait(torch.fork(torch.empty_like, y))"), "forbidden_api"),

@@ -13,8 +13,8 @@ So attributes of values are an allow-list too: ``VALUE_ATTRIBUTE_API`` holds wha
 module handles expose (tensors, nn modules, Python containers, strings and numbers, torch metadata
 objects, Triton configs, Triton values inside kernels, autograd contexts, functools wrappers), and
 the names the module defines itself (its attributes, fields and methods) are allowed as well.
-``FOREIGN_KIND_ATTRIBUTES`` hand out a value of another kind: they are refused on any value but the
-module's own ``self``/``cls``, and defining one does not unlock it.
+``FOREIGN_KIND_ATTRIBUTES`` hand out a value of another kind: they are refused on any value;
+defining one unlocks it only on the method's own ``self``/``cls`` (``self.cache = {}``).
 """
 from __future__ import annotations
 

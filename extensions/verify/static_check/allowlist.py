@@ -152,8 +152,10 @@ class AllowList:
         """An attribute of a value whose kind name resolution cannot tell (a call's result, a
         parameter, a subscript, a local): only what the kinds a kernel module handles expose, or a
         name the module defines (``value_api``)."""
-        if node.attr.startswith("_") or self.index.resolve(node.value) or self._is_own_instance(node.value):
+        if node.attr.startswith("_") or self.index.resolve(node.value):
             return
+        if node.attr in self.own_names and self._is_own_instance(node.value):
+            return  # self.cache, self.kernel: the module's own attribute, whatever its name
         if not value_api.value_attribute_allowed(node.attr, policy.TENSOR_METHOD_NAMES, self.own_names):
             self.findings.flag("forbidden_api", node,
                                f"attribute '{node.attr}' of {_short(node.value)} (not the API of a tensor, "
