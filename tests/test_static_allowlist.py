@@ -214,7 +214,7 @@ def test_values_of_known_kinds_keep_their_api():
     code = module("""b = self.cfg.block
         info = torch.finfo(x.dtype).eps + torch.iinfo(torch.int32).max
         d = x.device.type, x.dtype.itemsize, x.shape[0], x.T.contiguous().stride(0)
-        w = self.lin.weight.shape, self.lin.in_features
+        w = self.lin.weight.shape, self.lin.in_features, self.lin.scale_buf.shape
         keys = list({"a": 1}.items()) + " ".join(["a", "b"]).split()
         c = triton.Config({"BLOCK": 8}, num_warps=4).kwargs
         return y""", prelude="""
@@ -228,7 +228,8 @@ def typed_kernel(x_ptr, n, BLOCK: tl.constexpr):
     v = tl.load(x_ptr + tl.arange(0, BLOCK))
     w = v.to(tl.float32).sum(axis=0)
     z = x_ptr.dtype.element_ty
-""", init="self.cfg = Cfg()\n        self.lin = nn.Linear(2, 2)")
+""", init="self.cfg = Cfg()\n        self.lin = nn.Linear(2, 2)\n"
+                                  "        self.lin.register_buffer('scale_buf', torch.ones(2))")
     report = static_check(code)
     assert report.ok, report.errors
 

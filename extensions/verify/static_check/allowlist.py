@@ -37,6 +37,8 @@ _KERNEL_PUBLIC_ATTRIBUTES = frozenset({"run", "warmup", "best_config"})
 # str.format fields that read attributes or items: "{0.__class__}", "{x[key]}".
 _FORMAT_FIELD_ACCESS = re.compile(r"\{[^{}!:]*[.\[]")
 _PROPERTY_DECORATOR_ATTRIBUTES = frozenset({"setter", "getter", "deleter"})
+# nn.Module methods that bind an attribute named by a string.
+_REGISTERING_METHODS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 
 
 class AllowList:
@@ -154,8 +156,9 @@ class AllowList:
         name the module defines (``value_api``)."""
         if node.attr.startswith("_") or self.index.resolve(node.value):
             return
-        if node.attr in self.own_names and self._is_own_instance(node.value):
-            return  # self.cache, self.kernel: the module's own attribute, whatever its name
+        if self._is_own_instance(node.value) and (node.attr not in value_api.FOREIGN_KIND_ATTRIBUTES
+                                                  or node.attr in self.own_names):
+            return  # self.weight, self.cache: the module's own attribute or nn.Module's
         if not value_api.value_attribute_allowed(node.attr, policy.TENSOR_METHOD_NAMES, self.own_names):
             self.findings.flag("forbidden_api", node,
                                f"attribute '{node.attr}' of {_short(node.value)} (not the API of a tensor, "
@@ -180,6 +183,10 @@ class AllowList:
         for node in self.index.nodes:
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
                 own.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _REGISTERING_METHODS and node.args \
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                own.add(node.args[0].value)  # self.register_buffer("scale", ...)
             elif isinstance(node, ast.ClassDef):
                 for item in node.body:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
