@@ -357,6 +357,10 @@ class ReferenceBuilder:
             if self.try_add("wide_" + "_".join(f"{n}={values[n]}" for n in sorted(grown)), "wide", module, seed):
                 self._mark_above_cap(values)
                 return
+        for values, name in self._long_candidates(cap):
+            if self.try_add(f"long_{name}={values[name]}", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
+                return
         if self.cap > 0 and self.values != self.original_values:
             # Nothing wider than the problem fits: at least more elements than the cap, along the
             # same halving path that shrank the base.
@@ -365,6 +369,27 @@ class ReferenceBuilder:
                 self._mark_above_cap(values)
                 return
         self.skipped.append("wide: no size above the problem's own fits")
+
+    def _long_candidates(self, cap: int):
+        """Nothing wider than the problem fits: one non-batch size as long as the wide set's
+        elements allow (odd, at most the problem's own), batch sizes at 2, the other constants at
+        the base's. Shrinking every constant by the same halving keeps each row shorter than the
+        blocks kernels hard-code (a softmax over one block of 1024 columns passed every set)."""
+        growable = sorted((n for n, v in self.original_values.items() if v >= 4 and not is_batch_name(n)),
+                          key=lambda n: -self.original_values[n])
+        batch = {n: min(v, 2) for n, v in self.values.items() if is_batch_name(n)}
+        for name in growable[:3]:
+            size = self.original_values[name]
+            while size > 2 * self.values[name]:
+                values = {**self.values, **batch, name: min(size | 1, self.original_values[name])}
+                try:
+                    fits = meta_numel(rewrite_constants(self.original_source, values)) <= cap
+                except Exception:  # noqa: BLE001 - a size combination the problem rejects
+                    break
+                if fits:
+                    yield values, name
+                    break
+                size //= 2
 
     def _mark_above_cap(self, values: dict[str, int]) -> None:
         self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(
