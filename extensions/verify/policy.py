@@ -49,6 +49,7 @@ ALLOWED_ATEN_OPS = frozenset({
     "view_as", "expand_as", "_local_scalar_dense", "item", "is_nonzero", "set_",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "numel", "dim",
     "is_contiguous", "storage_offset", "record_stream",
+    "promote_types",  # torch.promote_types: dtypes in, a dtype out
 })
 
 # Library GEMM / convolution entry points: rejected by default, allowed and reported under policy.
