@@ -217,6 +217,7 @@ def test_values_of_known_kinds_keep_their_api():
         w = self.lin.weight.shape, self.lin.in_features, self.lin.scale_buf.shape
         keys = list({"a": 1}.items()) + " ".join(["a", "b"]).split()
         c = triton.Config({"BLOCK": 8}, num_warps=4).kwargs
+        z = x.contiguous(memory_format=torch.contiguous_format), torch.strided, torch.float16, torch.inf
         return y""", prelude="""
 class Cfg:
     def __init__(self):

@@ -444,7 +444,8 @@ TENSOR_METHOD_NAMES = ALLOWED_TENSOR_METHODS | TENSOR_COMPUTE_METHODS | TENSOR_L
 @functools.lru_cache(maxsize=4096)
 def torch_top_level_is_api(name: str) -> bool:
     """Whether ``torch.<name>`` is an operator (a function of torch's operator namespace or of
-    ``torch.functional``), a dtype, a number constant or listed in ``TORCH_TOP_LEVEL_API``."""
+    ``torch.functional``), a dtype, layout or memory format (``torch.channels_last``), a number
+    constant or listed in ``TORCH_TOP_LEVEL_API``."""
     if name.startswith("_") or name in TORCH_REFUSED_NAMES or names_module(f"torch.{name}"):
         return False
     if name in TORCH_TOP_LEVEL_API:
@@ -455,7 +456,7 @@ def torch_top_level_is_api(name: str) -> bool:
     except ImportError:  # no torch to ask: only the listed names
         return False
     value = getattr(torch, name, None)
-    if isinstance(value, torch.dtype) or type(value) in (int, float, bool):
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)) or type(value) in (int, float, bool):
         return True
     return name in dir(torch._C._VariableFunctions) or name in getattr(torch.functional, "__all__", ())
 
