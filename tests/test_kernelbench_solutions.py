@@ -68,7 +68,10 @@ def test_solution_passes_full_funnel(name, solution_results, verifier_config, ve
     if verify_device == "cpu":
         assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
         assert result.reward == pytest.approx(verifier_config.reward_full_correct)
-        assert result.flags == [], f"{name}: false-positive flags {result.flags}"
+        # reduced_size is advisory and true where no set above the CPU cap can be built (a shape
+        # held in a tuple is not rewritten): the result must then say why.
+        assert [f for f in result.flags if f != "reduced_size"] == [], f"{name}: false-positive flags {result.flags}"
+        assert "reduced_size" not in result.flags or result.details.get("reduced_size"), result.details
         assert result.speedup is None  # no timing on CPU
     else:
         assert result.stage == "timing", f"{name}: stage {result.stage} ({result.error})"

@@ -167,6 +167,36 @@ class FakeCompiled:
     "grid_lambda_returns_object": (module("return y", prelude="def launch(x, y):\n"
                                                               "    copy_kernel[lambda m: x](x, y, 1, BLOCK=8)\n"),
                                    "unsafe_grid"),
+    # values of a kind outside the vocabulary: their attributes are not name-resolved
+    "module_returned_by_a_function": (module("return y", init="self.env = torch.get_device_module('cuda').os.environ"),
+                                      "forbidden_api"),
+    "importlib_of_a_returned_module": (
+        module("return y", init="m = torch.get_device_module('cuda')\n        m.importlib.import_module('ctypes')"),
+        "forbidden_api"),
+    "storage_from_file": (module("return y", init="s = torch.zeros(1).untyped_storage().from_file('f', False, 8)"),
+                          "forbidden_api"),
+    "storage_type_imports_by_name": (module("return y", init="torch.zeros(1).untyped_storage().type('os.system')"),
+                                     "forbidden_api"),
+    "numpy_array_in_init": (module("return y", init="torch.zeros(2).numpy().tofile('f')"), "forbidden_api"),
+    "tensor_method_value_storage": (module("return y", init="s = torch.Tensor.untyped_storage(torch.zeros(1))"),
+                                    "forbidden_api"),
+    "own_name_does_not_unlock": (module("return y", init="self.untyped_storage = 1\n        self.from_file = 2\n"
+                                        "        t = torch.zeros(1)\n        t.untyped_storage().from_file('f', False, 8)"),
+                                 "forbidden_api"),
+    "kernel_object_reached_through_a_list": (module("return y", init="self.k = [copy_kernel][0].fn"),
+                                             "forbidden_api"),
+    "module_compile_method": (module("return y", init="self.act = nn.ReLU()\n        self.act.compile()"),
+                              "forbidden_api"),
+    "self_compile_method": (module("return y", init="self.compile()"), "forbidden_api"),
+    "torch_file_writer_class": (module("return y", init="torch.PyTorchFileWriter('f').write_end_of_file()"),
+                                "forbidden_api"),
+    "torch_fork_thread": (module("return torch.wait(torch.fork(torch.empty_like, y))"), "forbidden_api"),
+    "interpreter_handle_in_kernel": (module("return y", prelude="""
+@triton.jit
+def leak_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    v = tl.load(x_ptr + tl.arange(0, BLOCK))
+    v.handle.data.tofile("f")
+"""), "forbidden_api"),
 }
 
 
@@ -176,6 +206,33 @@ def test_escape_is_refused(name):
     report = static_check(code)
     assert flag in report.flags, (report.flags, report.errors)
     assert all(re.match(r"^(line \d+: |\()", e) for e in report.errors), report.errors
+
+
+def test_values_of_known_kinds_keep_their_api():
+    """Attributes of tensors, layers, configs, dtypes, containers, Triton values and the module's
+    own objects stay allowed on values whose kind is not resolved."""
+    code = module("""b = self.cfg.block
+        info = torch.finfo(x.dtype).eps + torch.iinfo(torch.int32).max
+        d = x.device.type, x.dtype.itemsize, x.shape[0], x.T.contiguous().stride(0)
+        w = self.lin.weight.shape, self.lin.in_features, self.lin.scale_buf.shape
+        keys = list({"a": 1}.items()) + " ".join(["a", "b"]).split()
+        c = triton.Config({"BLOCK": 8}, num_warps=4).kwargs
+        z = x.contiguous(memory_format=torch.contiguous_format), torch.strided, torch.float16, torch.inf
+        return y""", prelude="""
+class Cfg:
+    def __init__(self):
+        self.block = 8
+
+
+@triton.jit
+def typed_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    v = tl.load(x_ptr + tl.arange(0, BLOCK))
+    w = v.to(tl.float32).sum(axis=0)
+    z = x_ptr.dtype.element_ty
+""", init="self.cfg = Cfg()\n        self.lin = nn.Linear(2, 2)\n"
+                                  "        self.lin.register_buffer('scale_buf', torch.ones(2))")
+    report = static_check(code)
+    assert report.ok, report.errors
 
 
 def test_refusals_name_the_construct_and_line():

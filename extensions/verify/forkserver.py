@@ -16,7 +16,12 @@ session, its own ``HOME``/``TMPDIR``/Triton cache, the memory cap (``startup.lim
 usual worker protocol on a private pipe. Children are forked from a server that never ran candidate
 code, so none can see what an earlier candidate changed in memory; the server is not dumpable, so a
 child cannot trace it or open its descriptors, and a child that kills it only ends its own verdict
-(the parent starts a new server). The parent reads the memory of the child's whole tree and kills
+(the parent starts a new server). A child runs as the server's user, so it can still change
+what the kernel lets one process of a user change in another: stop it (SIGSTOP), lower its resource
+limits (``prlimit``), its priority or its CPU set, all of which later children would inherit. The
+server compares those attributes with the ones it had when it became ready before every fork and
+exits instead of forking from a changed process; the parent replaces a server that is stopped or
+that does not answer a fork. The parent reads the memory of the child's whole tree and kills
 it from outside (``proctree``), so neither depends on the server's cooperation.
 """
 from __future__ import annotations
@@ -40,6 +45,17 @@ from .sandbox import (INSIDE_WORK_DIR, BoundedReader, ProcessOutcome, per_candid
 
 # -- the server (inside the sandbox) --------------------------------------------------------------
 
+def inherited_attributes() -> tuple:
+    """What a forked child inherits from the server that another process of the same user can
+    change from outside: resource limits, scheduling priority, CPU affinity."""
+    import resource
+
+    limits = tuple((name, resource.getrlimit(getattr(resource, name)))
+                   for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
+    affinity = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+    return limits, os.getpriority(os.PRIO_PROCESS, 0), affinity
+
+
 class _Server:
     def __init__(self, events_fd: int, device: str):
         self.device = device
@@ -51,6 +67,7 @@ class _Server:
         self.events = os.fdopen(events_fd, "w", buffering=1)
         self.child: Optional[int] = None
         self.child_pipe: Optional[int] = None
+        self.attributes: Optional[tuple] = None  # inherited_attributes() when the server became ready
 
     def emit(self, **event) -> None:
         self.events.write(json.dumps(event) + "\n")
@@ -85,6 +102,10 @@ class _Server:
         if torch.cuda.is_initialized():  # forked CUDA state is unusable: refuse rather than corrupt
             self.emit(event="error", message="CUDA was initialised in the fork server")
             return
+        if inherited_attributes() != self.attributes:
+            # An earlier child lowered a limit or the priority: every later child would inherit it.
+            self.emit(event="error", message="the fork server's limits or priority were changed")
+            os._exit(3)
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the candidate's process
@@ -137,6 +158,7 @@ class _Server:
         preload()
         if warm_profiler:  # CPU only: the children inherit a started Kineto (CUDA must stay untouched)
             warm_up_profiler()
+        self.attributes = inherited_attributes()
         self.emit(event="ready", pid=os.getpid())
         pending = b""
         while True:
@@ -274,7 +296,19 @@ class ForkServer:
         with self._cond:
             self._cond.wait_for(lambda: self._state["child"] is not None or self._state["exit"] is not None
                                 or self._state["dead"], 30)
+        if not self.forked() and self.alive:
+            self.close()  # stopped or hung: this worker reads as dead and the server is replaced
         return worker
+
+    def stopped(self) -> bool:
+        """The server was stopped (a child may send it SIGSTOP): it would never fork again."""
+        server = self.host_pid()
+        return server is not None and proctree.is_stopped(server)
+
+    def forked(self) -> bool:
+        """Whether the last fork command started a child."""
+        with self._cond:
+            return self._state["child"] is not None
 
     def candidate_pids(self) -> list[int]:
         server = self.host_pid()

@@ -154,7 +154,7 @@ class WorkerLauncher:
         with self._lock:
             idle = self._idle.get(gpu) or []
             server = idle.pop(0) if idle else None  # the longest idle: its child has warmed up longest
-        if server is not None and not server.alive:
+        if server is not None and (not server.alive or server.stopped()):
             server.close()
             server = None
         if server is None:  # none left for this slot (one died): a new one, forked on demand
@@ -173,8 +173,10 @@ class WorkerLauncher:
             worker, server.next_worker = server.next_worker, None
             if worker is None:
                 directory = self.candidate_dir(server)
-                return server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
-            if worker.poll() is None:
+                worker = server.fork(directory, inside_path(self.isolation, server.work_dir, directory))
+                if worker.poll() is None:
+                    return worker
+            elif worker.poll() is None:
                 self._seed(worker.sandbox_dir)
                 worker.started = time.monotonic()
                 return worker
@@ -208,7 +210,8 @@ class WorkerLauncher:
         server = getattr(proc, "server", None)
         if server is not None:
             server.wait_exit(10)
-            if not server.settled():  # something survived the kill: this server is not reused
+            # Something survived the kill, or the candidate stopped its server: not reused.
+            if not server.settled() or server.stopped():
                 server.close()
         self._remove_dir(proc.sandbox_dir)
         if server is not None:

@@ -11,6 +11,8 @@ import functools
 import importlib
 import types
 
+from . import value_api
+
 # torch.<name>(...) calls allowed in the forward path: allocation and metadata, no math.
 ALLOWED_TORCH_FUNCTIONS = frozenset({
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
@@ -47,6 +49,7 @@ ALLOWED_ATEN_OPS = frozenset({
     "view_as", "expand_as", "_local_scalar_dense", "item", "is_nonzero", "set_",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "numel", "dim",
     "is_contiguous", "storage_offset", "record_stream",
+    "promote_types",  # torch.promote_types: dtypes in, a dtype out
 })
 
 # Library GEMM / convolution entry points: rejected by default, allowed and reported under policy.
@@ -290,6 +293,12 @@ TORCH_REFUSED_NAMES = frozenset({
     "set_num_interop_threads", "set_flush_denormal", "set_warn_always", "set_printoptions",
     "set_grad_enabled", "cond", "vmap", "while_loop",
 })
+# torch.<name> objects that are neither operators nor dtypes but belong to the kernel-writing API.
+TORCH_TOP_LEVEL_API = frozenset({
+    "Tensor", "Size", "device", "dtype", "finfo", "iinfo", "no_grad", "enable_grad", "inference_mode",
+    "is_tensor", "is_floating_point", "is_complex", "get_default_dtype", "is_grad_enabled",
+    "manual_seed", "Generator", "broadcast_shapes", "inf", "nan", "pi", "e", "newaxis",
+})
 # Entered torch namespaces: which members a candidate may name. "*" admits every public name that
 # is not a submodule; "Capitalized" admits classes only.
 TORCH_NAMESPACE_API: dict[str, frozenset[str]] = {
@@ -425,6 +434,33 @@ def names_module(qualified: str) -> bool:
     return isinstance(obj, types.ModuleType)
 
 
+# torch.Tensor.<name>: its methods and properties, never what hands out another kind of value
+# (a storage, a NumPy array, the autograd graph: value_api.FOREIGN_KIND_ATTRIBUTES).
+TENSOR_API = (ALLOWED_TENSOR_METHODS | TENSOR_COMPUTE_METHODS | TENSOR_LAYOUT_METHODS
+              | value_api.TENSOR_PROPERTIES) - value_api.FOREIGN_KIND_ATTRIBUTES
+TENSOR_METHOD_NAMES = ALLOWED_TENSOR_METHODS | TENSOR_COMPUTE_METHODS | TENSOR_LAYOUT_METHODS
+
+
+@functools.lru_cache(maxsize=4096)
+def torch_top_level_is_api(name: str) -> bool:
+    """Whether ``torch.<name>`` is an operator (a function of torch's operator namespace or of
+    ``torch.functional``), a dtype, layout or memory format (``torch.channels_last``), a number
+    constant or listed in ``TORCH_TOP_LEVEL_API``."""
+    if name.startswith("_") or name in TORCH_REFUSED_NAMES or names_module(f"torch.{name}"):
+        return False
+    if name in TORCH_TOP_LEVEL_API:
+        return True
+    try:
+        import torch
+        import torch.functional
+    except ImportError:  # no torch to ask: only the listed names
+        return False
+    value = getattr(torch, name, None)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)) or type(value) in (int, float, bool):
+        return True
+    return name in dir(torch._C._VariableFunctions) or name in getattr(torch.functional, "__all__", ())
+
+
 def _torch_name_allowed(parts: list[str]) -> bool:
     if len(parts) == 1:
         return True
@@ -432,7 +468,7 @@ def _torch_name_allowed(parts: list[str]) -> bool:
     if head.startswith("_"):
         return False
     if head == "Tensor":
-        return len(parts) <= 3 and not (len(parts) == 3 and parts[2].startswith("_"))
+        return len(parts) == 2 or (len(parts) == 3 and parts[2] in TENSOR_API)
     if head == "cuda":
         return len(parts) == 2 or (len(parts) == 3 and parts[2] in ALLOWED_TORCH_CUDA_FUNCTIONS)
     if head in TORCH_SUBMODULES and f"torch.{head}" not in TORCH_NAMESPACE_API:
@@ -440,8 +476,10 @@ def _torch_name_allowed(parts: list[str]) -> bool:
     if head in TORCH_REFUSED_NAMES:
         return False
     if head not in TORCH_SUBMODULES:
-        # a function, class or dtype; never an attribute of one, nor a submodule a later torch added
-        return len(parts) == 2 and not names_module(f"torch.{head}")
+        # an operator, dtype or listed class; never an attribute of one, nor a submodule a later
+        # torch added, nor a helper that hands out a module, a file or a thread (get_device_module,
+        # PyTorchFileWriter, fork): those are not operators and not listed
+        return len(parts) == 2 and torch_top_level_is_api(head)
     namespace = f"torch.{head}"
     for depth in range(2, len(parts)):
         api = TORCH_NAMESPACE_API.get(namespace)

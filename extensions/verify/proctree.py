@@ -80,6 +80,16 @@ def is_zombie(pid: int) -> bool:
     return data[data.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
 
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal or a tracer (state T or t): it runs nothing until continued."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2:][:1] in (b"T", b"t")
+
+
 def live_descendants(root: int) -> list[int]:
     return [pid for pid in descendants(root) if not is_zombie(pid)]
 

@@ -84,12 +84,44 @@ def meta_numel(source: str) -> int:
         b.numel() for b in model.buffers())
 
 
+def meta_forward_runs(source: str) -> bool:
+    """Whether the problem's reference forward accepts its own inputs, on the meta device (shapes
+    only: group counts that divide channels, broadcasts between inputs, kernel sizes that fit)."""
+    import torch
+
+    try:
+        module = load_problem(source)
+        init = module.get_init_inputs()
+        with torch.device("meta"):
+            module.Model(*init)(*module.get_inputs())
+    except Exception:  # noqa: BLE001 - any failure means these sizes do not make a valid problem
+        return False
+    return True
+
+
+def _shrink_options(values: dict[str, int]) -> list[dict[str, int]]:
+    """Smaller sizes to try, in order: the largest constant halved; every constant above the
+    kernel-size range halved together (ratios kept: channels stay divisible by groups); another
+    constant halved alone; batch-like constants set to 1 (inputs that broadcast against the batch)."""
+    options = [shrink_step(values)]
+    big = sorted((n for n, v in values.items() if v >= 9), key=lambda n: -values[n])
+    options.append({**values, **{n: max(1, values[n] // 2) for n in big}})
+    options += [{**values, n: max(1, values[n] // 2)} for n in big[1:]]
+    batch = {n: 1 for n, v in values.items() if is_batch_name(n) and v > 1}
+    options.append({**values, **batch} if batch else None)
+    return [o for o in options if o is not None and o != values]
+
+
 def shrink_to_cap(source: str, cap: int) -> tuple[dict[str, int], list[str]]:
-    """Constants that bring the problem under ``cap`` elements (halving the largest each step)."""
+    """Constants that bring the problem under ``cap`` elements, halving the largest each step. Where
+    the problem's forward runs on the meta device, every step must keep it running: halving one
+    size alone can break a problem whose sizes are tied (an input that broadcasts against the batch,
+    channels divisible by groups), and a base whose reference fails rejects every candidate."""
     values = {n: c.value for n, c in find_size_constants(source).items()}
     notes: list[str] = []
     if cap <= 0:
         return values, notes
+    checked = meta_forward_runs(source)
     for _ in range(200):
         try:
             numel = meta_numel(rewrite_constants(source, values))
@@ -98,11 +130,13 @@ def shrink_to_cap(source: str, cap: int) -> tuple[dict[str, int], list[str]]:
             return values, notes
         if numel <= cap:
             return values, notes
-        smaller = shrink_step(values)
-        if smaller is None:
+        options = _shrink_options(values)
+        if checked:
+            options = [o for o in options if meta_forward_runs(rewrite_constants(source, o))][:1]
+        if not options:
             notes.append(f"cannot shrink below {numel} elements (cap {cap})")
             return values, notes
-        values = smaller
+        values = options[0]
     return values, notes
 
 
@@ -357,6 +391,10 @@ class ReferenceBuilder:
             if self.try_add("wide_" + "_".join(f"{n}={values[n]}" for n in sorted(grown)), "wide", module, seed):
                 self._mark_above_cap(values)
                 return
+        for values, name in self._long_candidates(cap):
+            if self.try_add(f"long_{name}={values[name]}", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
+                return
         if self.cap > 0 and self.values != self.original_values:
             # Nothing wider than the problem fits: at least more elements than the cap, along the
             # same halving path that shrank the base.
@@ -365,6 +403,27 @@ class ReferenceBuilder:
                 self._mark_above_cap(values)
                 return
         self.skipped.append("wide: no size above the problem's own fits")
+
+    def _long_candidates(self, cap: int):
+        """Nothing wider than the problem fits: one non-batch size as long as the wide set's
+        elements allow (odd, at most the problem's own), batch sizes at 2, the other constants at
+        the base's. Shrinking every constant by the same halving keeps each row shorter than the
+        blocks kernels hard-code (a softmax over one block of 1024 columns passed every set)."""
+        growable = sorted((n for n, v in self.original_values.items() if v >= 4 and not is_batch_name(n)),
+                          key=lambda n: -self.original_values[n])
+        batch = {n: min(v, 2) for n, v in self.values.items() if is_batch_name(n)}
+        for name in growable[:3]:
+            size = self.original_values[name]
+            while size > 2 * self.values[name]:
+                values = {**self.values, **batch, name: min(size | 1, self.original_values[name])}
+                try:
+                    fits = meta_numel(rewrite_constants(self.original_source, values)) <= cap
+                except Exception:  # noqa: BLE001 - a size combination the problem rejects
+                    break
+                if fits:
+                    yield values, name
+                    break
+                size //= 2
 
     def _mark_above_cap(self, values: dict[str, int]) -> None:
         self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(

@@ -19,7 +19,7 @@ import ast
 import re
 from typing import Optional
 
-from extensions.verify import policy
+from extensions.verify import policy, value_api
 
 from .ast_helpers import source
 from .findings import Findings
@@ -37,6 +37,8 @@ _KERNEL_PUBLIC_ATTRIBUTES = frozenset({"run", "warmup", "best_config"})
 # str.format fields that read attributes or items: "{0.__class__}", "{x[key]}".
 _FORMAT_FIELD_ACCESS = re.compile(r"\{[^{}!:]*[.\[]")
 _PROPERTY_DECORATOR_ATTRIBUTES = frozenset({"setter", "getter", "deleter"})
+# nn.Module methods that bind an attribute named by a string.
+_REGISTERING_METHODS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 
 
 class AllowList:
@@ -45,6 +47,7 @@ class AllowList:
         self.findings = findings
         self.scopes = Scopes(index.tree, index.parents)
         self.own_private_attributes = self._own_private_attributes()
+        self.own_names = self._own_names()
 
     def run(self) -> None:
         for node in self.index.nodes:
@@ -136,6 +139,7 @@ class AllowList:
         elif attr not in _KERNEL_PUBLIC_ATTRIBUTES and self._is_kernel(node.value, node):
             self.findings.flag("forbidden_api", node,
                                f"attribute '{attr}' of kernel {_short(node.value)} (only launches)")
+        self._check_value_attribute(node)
         parent = self.index.parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.value is node:
             return  # the longest chain is judged
@@ -145,6 +149,53 @@ class AllowList:
             if isinstance(node.ctx, ast.Store) and q in policy.ASSIGNABLE_TORCH_SETTINGS:
                 continue
             self.findings.flag("forbidden_api", node, f"{q} is not part of the allowed API")
+
+    def _check_value_attribute(self, node: ast.Attribute) -> None:
+        """An attribute of a value whose kind name resolution cannot tell (a call's result, a
+        parameter, a subscript, a local): only what the kinds a kernel module handles expose, or a
+        name the module defines (``value_api``)."""
+        if node.attr.startswith("_") or self.index.resolve(node.value):
+            return
+        if self._is_own_instance(node.value) and (node.attr not in value_api.FOREIGN_KIND_ATTRIBUTES
+                                                  or node.attr in self.own_names):
+            return  # self.weight, self.cache: the module's own attribute or nn.Module's
+        if not value_api.value_attribute_allowed(node.attr, policy.TENSOR_METHOD_NAMES, self.own_names):
+            self.findings.flag("forbidden_api", node,
+                               f"attribute '{node.attr}' of {_short(node.value)} (not the API of a tensor, "
+                               "a module, a container or a Triton value)")
+
+    def _is_own_instance(self, node: ast.expr) -> bool:
+        """``self``/``cls``: the first parameter of a method of one of the module's classes."""
+        if not isinstance(node, ast.Name):
+            return False
+        scope = self.scopes.scope_of(node)
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                or not isinstance(self.index.parents.get(scope), ast.ClassDef):
+            return False
+        params = scope.args.posonlyargs + scope.args.args
+        is_static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in scope.decorator_list)
+        return bool(params) and not is_static and params[0].arg == node.id
+
+    def _own_names(self) -> frozenset[str]:
+        """Attribute names the module defines: stored on any object, bound in a class body (fields,
+        class attributes), methods of its classes."""
+        own: set[str] = set()
+        for node in self.index.nodes:
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _REGISTERING_METHODS and node.args \
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                own.add(node.args[0].value)  # self.register_buffer("scale", ...)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        own.add(item.name)
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        own.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        own.update(t.id for t in item.targets if isinstance(t, ast.Name))
+        return frozenset(own)
 
     def _check_attribute_store(self, node: ast.Attribute) -> None:
         """Objects the module owns may get attributes; its module-level definitions (kernels,
