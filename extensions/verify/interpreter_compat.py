@@ -185,26 +185,19 @@ def make_libdevice_compute() -> None:
 # -- module-level values read by kernels ---------------------------------------------------------
 
 def _global_reads(fn) -> set[str]:
-    """Names ``fn``'s body reads that it neither takes as a parameter nor assigns: its globals (or
-    builtins). Argument defaults are left out: the compiler allows globals there."""
-    import ast
-    import inspect
-    import textwrap
+    """Module-level names (or builtins) ``fn``'s body reads, from its bytecode's global loads, its
+    nested code included: what the compiler's global lookup would be asked for. Argument defaults
+    are not in the body (the compiler allows globals there)."""
+    import dis
+    import types
 
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    func = next(node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    arguments = func.args
-    own = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs}
-    own |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
-    loads: set[str] = set()
-    for statement in func.body:
-        for node in ast.walk(statement):
-            if isinstance(node, ast.Name):
-                if isinstance(node.ctx, ast.Load):
-                    loads.add(node.id)
-                else:
-                    own.add(node.id)
-    return loads - own
+    names: set[str] = set()
+    pending = [fn.__code__]
+    while pending:
+        code = pending.pop()
+        names |= {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        pending += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+    return names
 
 
 def _compiler_accepts_global(value) -> bool:
