@@ -424,6 +424,38 @@ def test_nan_passes_only_where_the_reference_has_it():
     assert compare_outputs(small * (1 + 1e-5), small, config) is None
 
 
+def test_comparison_in_slices_counts_every_position_of_a_large_output():
+    """The comparison walks large outputs in float64 slices: a NaN, a wrong value or a scaled
+    output anywhere (first slice, a slice boundary, the short last slice) is counted exactly."""
+    import torch
+
+    from extensions.verify import compare
+
+    config = VerifierConfig()
+    n = 2 * compare._CHUNK + 7
+    ref = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    ref[compare._CHUNK + 3] = float("nan")  # the reference's own NaN, in the second slice
+    assert compare.compare_outputs(ref.clone(), ref, config) is None
+    for position in (0, compare._CHUNK - 1, compare._CHUNK, n - 1):
+        wrong = ref.clone()
+        wrong[position] += 1.0
+        mismatch = compare.compare_outputs(wrong, ref, config)
+        assert mismatch.reason == "values" and f"1 of {n - 1} values" in mismatch.message, position
+        stray = ref.clone()
+        stray[position] = float("inf")
+        mismatch = compare.compare_outputs(stray, ref, config)
+        assert mismatch.reason == "nan_or_inf" and mismatch.message.startswith("output: 1 NaN/Inf"), position
+    # The relative error over all slices, as one float64 norm computes it:
+    small = ref * 1e-6
+    scaled = small * 1.02
+    finite = torch.isfinite(small)
+    direct = float((scaled[finite].double() - small[finite].double()).norm() / small[finite].double().norm())
+    mismatch = compare.compare_outputs(scaled, small, config)
+    assert mismatch.reason == "values" and f"relative error {direct:.3g} >" in mismatch.message
+    zeros = torch.where(finite, torch.zeros_like(small), small)
+    assert compare.compare_outputs(zeros, small, config).reason == "near_zero"
+
+
 def test_atol_grows_only_on_sets_the_verifier_scaled_up():
     """Rounding noise at zero crossings of a x100 output passes there, and nowhere else."""
     import torch
@@ -448,3 +480,30 @@ def test_scaled_up_set_records_its_output_scale():
     assert _rms(torch.full((4,), 3.0)) == 3.0
     assert _rms((torch.ones(2), torch.full((2,), 3.0))) == (5.0) ** 0.5
     assert _rms(torch.tensor([1, 2])) == 0.0  # integer outputs carry no rounding noise
+
+
+def test_input_files_are_serialized_once_per_problem_and_the_budget_is_given_back():
+    """Candidates of one problem get byte-identical input files from one serialization; a freed
+    problem returns its share of the cache budget."""
+    import gc
+    import hashlib
+
+    import torch
+    from safetensors.torch import load
+
+    from extensions.verify import candidate_run
+    from extensions.verify.reference_data import PreparedProblem
+
+    before = candidate_run._payload_bytes[0]
+    prepared = PreparedProblem(ok=True, inputs={"a": torch.arange(1000.0), "b": torch.ones(3, 4)})
+    specs = [{"tensor": "a"}, {"tensor": "b"}]
+    first = candidate_run._input_payload(prepared, specs)
+    second = candidate_run._input_payload(prepared, specs)
+    assert second is first and len(prepared.handover_cache) == 1
+    loaded = load(first[0])
+    assert torch.equal(loaded["in0"], prepared.inputs["a"]) and torch.equal(loaded["in1"], prepared.inputs["b"])
+    assert first[1] == hashlib.sha256(first[0]).hexdigest()
+    assert candidate_run._payload_bytes[0] == before + len(first[0])
+    del prepared, first, second
+    gc.collect()
+    assert candidate_run._payload_bytes[0] == before

@@ -8,14 +8,17 @@ time the candidate.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
 from .launcher import write_private
-from .phases import sanitize_phases
+from .phases import PhaseClock, sanitize_phases
 from .redact import safe_name, sanitize_data
 from .reference_data import PreparedProblem
 from .result import VerifyResult
@@ -42,9 +45,11 @@ class CandidateRun:
     """One candidate's worker process and the bookkeeping of its verdict."""
 
     def __init__(self, code: str, prepared: PreparedProblem, config, device: str, gpu: Optional[int],
-                 proc: SandboxedProcess, result: VerifyResult, timing: bool):
+                 proc: SandboxedProcess, result: VerifyResult, timing: bool,
+                 clock: Optional[PhaseClock] = None):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.result, self.proc = result, proc
+        self.clock = clock or PhaseClock()  # the parent's side of each set, for the phase table
         self.worker_phases: dict[str, float] = {}
         sandbox_dir = proc.sandbox_dir
         # Under process isolation other processes of this user could rewrite what is written here:
@@ -65,6 +70,7 @@ class CandidateRun:
             "sets": [self._set_job(s) for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
             "memory_limit_mb": _memory_limit_mb(config, prepared),
+            "param_noise": {"seed": prepared.param_seed, "keys": prepared.param_keys},
         }
         proc.memory_limit_kb = job["memory_limit_mb"] * 1024
         job_sha = write_private(os.path.join(sandbox_dir, "job.json.tmp"), json.dumps(job).encode())
@@ -87,10 +93,9 @@ class CandidateRun:
         """Write the values of ``values_specs`` into the sandbox as ``stem``.safetensors plus
         ``stem``.json (their structure and ``fields``; written last, atomically). Returns the
         hashes of both ("<tensors> <json>"), for the command that announces them."""
-        tensors: dict[str, Any] = {}
-        packed = [pack(unpack(spec, self.prepared.inputs), f"in{i}", tensors)
-                  for i, spec in enumerate(values_specs)]
-        tensors_sha = write_private(self.proc.path(stem + ".safetensors"), tensor_bytes(tensors))
+        data, tensors_sha, packed = _input_payload(self.prepared, values_specs)
+        with open(self.proc.path(stem + ".safetensors"), "wb") as fh:
+            fh.write(data)
         tmp = self.proc.path(stem + ".json.tmp")
         json_sha = write_private(tmp, json.dumps({"values": packed, **fields}).encode())
         os.replace(tmp, self.proc.path(stem + ".json"))
@@ -129,12 +134,15 @@ class CandidateRun:
             phase = "tiny" if set_info["kind"] == "tiny" else "full"
             if set_info["kind"] == "wide":
                 deadline = self._wide_set_deadline(deadline)
-            hashes = self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
+            with self.clock.phase("sets.hand_over_inputs"):
+                hashes = self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
             self.proc.send_line(f"run {hashes}")
-            status = self.wait(f"set_{index}.json", deadline, phase)
+            with self.clock.phase("sets.wait_worker"):
+                status = self.wait(f"set_{index}.json", deadline, phase)
             if status is None:
                 return False
-            ok = self._check_set(index, set_info, status, phase)
+            with self.clock.phase("sets.check_output"):
+                ok = self._check_set(index, set_info, status, phase)
             if not ok:
                 all_ok = False
                 if staged or is_cheating(result.flags) or result.error_category in ("timeout", "memory_limit"):
@@ -273,6 +281,41 @@ class CandidateRun:
                 add_flags(result, ["speedup_review"])
             if not is_cheating(result.flags) and result.stage == "full":
                 result.stage = "timing"
+
+
+# Every candidate of a problem gets the same input files: serializing and hashing them once per
+# batch, not once per candidate, takes seconds off each candidate of a GPU-sized problem. The bytes
+# stay in this process (a file another process of the user could rewrite would turn into false
+# rejects of honest siblings) under a budget across all problems; past it, sets are serialized
+# per candidate as before.
+_PAYLOAD_BUDGET_BYTES = 2 << 30
+_payload_lock = threading.Lock()
+_payload_bytes = [0]
+
+
+def _input_payload(prepared: PreparedProblem, values_specs: list) -> tuple[bytes, str, list]:
+    """The safetensors bytes of ``values_specs``, their SHA-256 and their packed structure."""
+    key = json.dumps(values_specs, sort_keys=True)
+    with _payload_lock:
+        cached = prepared.handover_cache.get(key)
+    if cached is not None:
+        return cached
+    tensors: dict[str, Any] = {}
+    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors) for i, spec in enumerate(values_specs)]
+    data = tensor_bytes(tensors)
+    payload = (data, hashlib.sha256(data).hexdigest(), packed)
+    with _payload_lock:
+        if key not in prepared.handover_cache and _payload_bytes[0] + len(data) <= _PAYLOAD_BUDGET_BYTES:
+            if not prepared.handover_cache:  # the budget is given back when the problem is freed
+                weakref.finalize(prepared, _release_payloads, prepared.handover_cache)
+            prepared.handover_cache[key] = payload
+            _payload_bytes[0] += len(data)
+    return payload
+
+
+def _release_payloads(cache: dict) -> None:
+    with _payload_lock:
+        _payload_bytes[0] -= sum(len(data) for data, _sha, _packed in cache.values())
 
 
 def _plain_config(config) -> dict:

@@ -15,6 +15,7 @@ Checks, per output tensor (tuples are compared element-wise):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -83,33 +84,72 @@ def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0) -> Op
         bad = int((out != ref).sum())
         return Mismatch("values", f"{where}: {bad} of {out.numel()} values differ (exact dtype)")
 
-    o, r = out.double(), ref.double()
-    o_finite, r_finite = torch.isfinite(o), torch.isfinite(r)
-    if not (bool(o_finite.all()) and bool(r_finite.all())):
-        same_pattern = (torch.equal(torch.isnan(o), torch.isnan(r))
-                        and torch.equal(torch.isposinf(o), torch.isposinf(r))
-                        and torch.equal(torch.isneginf(o), torch.isneginf(r)))
-        if not same_pattern:
-            bad = int((~o_finite & r_finite).sum())
-            return Mismatch("nan_or_inf", f"{where}: {bad} NaN/Inf values where the reference is finite"
-                            if bad else f"{where}: NaN/Inf pattern differs from the reference")
-    o, r = o[r_finite], r[r_finite]
     atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
     atol *= max(1.0, atol_scale)
-    diff = (o - r).abs()
-    bad_mask = diff > atol + rtol * r.abs()
-    if bool(bad_mask.any()):
-        bad = int(bad_mask.sum())
-        return Mismatch("values", f"{where}: {bad} of {o.numel()} values outside atol={atol:g} rtol={rtol:g} "
-                                  f"(max abs diff {float(diff.max()):.3g})")
-    ref_norm = float(r.norm())
+    totals = _float_totals(out.reshape(-1), ref.reshape(-1), atol, rtol)
+    if not totals.same_non_finite:
+        bad = totals.non_finite_where_finite
+        return Mismatch("nan_or_inf", f"{where}: {bad} NaN/Inf values where the reference is finite"
+                        if bad else f"{where}: NaN/Inf pattern differs from the reference")
+    if totals.outside:
+        return Mismatch("values", f"{where}: {totals.outside} of {totals.compared} values outside atol={atol:g} "
+                                  f"rtol={rtol:g} (max abs diff {totals.max_diff:.3g})")
+    ref_norm = math.sqrt(totals.ref_sq)
     if ref_norm > config.min_reference_norm:
-        rel = float((o - r).norm()) / ref_norm
+        rel = math.sqrt(totals.diff_sq) / ref_norm
+        out_norm = math.sqrt(totals.out_sq)
         if rel > config.max_relative_error:
-            return Mismatch("near_zero" if float(o.norm()) < 0.5 * ref_norm else "values",
+            return Mismatch("near_zero" if out_norm < 0.5 * ref_norm else "values",
                             f"{where}: relative error {rel:.3g} > {config.max_relative_error:g} "
-                            f"(output norm {float(o.norm()):.3g}, reference norm {ref_norm:.3g})")
+                            f"(output norm {out_norm:.3g}, reference norm {ref_norm:.3g})")
     return None
+
+
+# Elements per float64 slice: a full-size float64 copy of a 2^25-element output is 256 MB per
+# temporary, and the comparison makes several; slices this size stay in cache and reuse memory.
+_CHUNK = 1 << 20
+
+
+@dataclass
+class _FloatTotals:
+    same_non_finite: bool = True  # NaN/+Inf/-Inf at exactly the reference's positions
+    non_finite_where_finite: int = 0
+    compared: int = 0  # positions where the reference is finite
+    outside: int = 0  # of those, outside atol + rtol * |ref|
+    max_diff: float = 0.0
+    diff_sq: float = 0.0  # sums of squares over the compared positions, in float64
+    ref_sq: float = 0.0
+    out_sq: float = 0.0
+
+
+def _float_totals(out, ref, atol: float, rtol: float) -> _FloatTotals:
+    """Every figure the float comparison needs, in one pass of float64 slices."""
+    import torch
+
+    totals = _FloatTotals()
+    for start in range(0, out.numel(), _CHUNK):
+        o = out[start:start + _CHUNK].double()
+        r = ref[start:start + _CHUNK].double()
+        o_finite, r_finite = torch.isfinite(o), torch.isfinite(r)
+        r_all_finite = bool(r_finite.all())
+        if not (bool(o_finite.all()) and r_all_finite):
+            if not (torch.equal(torch.isnan(o), torch.isnan(r))
+                    and torch.equal(torch.isposinf(o), torch.isposinf(r))
+                    and torch.equal(torch.isneginf(o), torch.isneginf(r))):
+                totals.same_non_finite = False
+            totals.non_finite_where_finite += int((~o_finite & r_finite).sum())
+        if not r_all_finite:
+            o, r = o[r_finite], r[r_finite]
+        if o.numel() == 0:
+            continue
+        diff = (o - r).abs()
+        totals.compared += o.numel()
+        totals.outside += int((diff > atol + rtol * r.abs()).sum())
+        totals.max_diff = max(totals.max_diff, float(diff.max()))
+        totals.diff_sq += float(torch.dot(diff, diff))
+        totals.ref_sq += float(torch.dot(r, r))
+        totals.out_sq += float(torch.dot(o, o))
+    return totals
 
 
 def inputs_unchanged(after: Any, before: Any) -> bool:

@@ -73,7 +73,7 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
             with clock.phase("take_worker"):
                 proc = launcher.take(gpu)
             with clock.phase("hand_over_job"):
-                run = CandidateRun(code, prepared, config, device, gpu, proc, result, timing)
+                run = CandidateRun(code, prepared, config, device, gpu, proc, result, timing, clock)
             deadline = time.monotonic() + config.timeout_s
             with clock.phase("correctness"):
                 passed = _judge_correctness(run, result, deadline)

@@ -10,6 +10,10 @@ def preload() -> None:
     """Everything a worker imports before it is given a candidate (no CUDA initialisation: a
     fork server forks its children after this)."""
     import torch  # noqa: F401
+    # The profiler's first start asks `hasattr(torch, "_inductor")`, which imports inductor and
+    # dynamo (2 s here, 5 s on an H100 machine): most of what was taken for CUPTI's start-up
+    # (bench/profiler_startup.py). Imported once here, a fork server's children inherit it.
+    import torch._inductor.config  # noqa: F401
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 
