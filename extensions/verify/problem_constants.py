@@ -68,7 +68,39 @@ def find_size_constants(source: str) -> dict[str, SizeConstant]:
     return found
 
 
-def rewrite_constants(source: str, new_values: dict[str, int]) -> str:
+def find_scalar_constants(source: str) -> dict[str, float]:
+    """Module-level ``NAME = <float literal>`` assignments (``multiplier = 2.0``, ``eps = -1e-5``):
+    the scalars a problem may hand its constructor."""
+    found: dict[str, float] = {}
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            target, node = stmt.targets[0].id, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            target, node = stmt.target.id, stmt.value
+        else:
+            continue
+        sign = 1.0
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            sign, node = -1.0, node.operand
+        if isinstance(node, ast.Constant) and type(node.value) is float:
+            found[target] = sign * node.value
+        else:
+            found.pop(target, None)
+    return found
+
+
+def varied_scalar(value: float, factor: float) -> float:
+    """Another value for a constructor scalar: zero stays zero (a disabled option stays disabled),
+    whole numbers move one step away from zero (an exponent or a bound stays whole), others are
+    scaled by ``factor``."""
+    if value == 0.0 or value != value:
+        return value
+    if float(value).is_integer():
+        return value + (1.0 if value > 0 else -1.0)
+    return value * factor
+
+
+def rewrite_constants(source: str, new_values: dict[str, int | float]) -> str:
     """The source with the named module-level constants set to new literal values.
 
     Every module-level assignment of a named constant is replaced, so later expressions that use
@@ -89,7 +121,7 @@ def rewrite_constants(source: str, new_values: dict[str, int]) -> str:
         if name in new_values:
             value = stmt.value
             edits.append((value.lineno, value.col_offset, value.end_lineno, value.end_col_offset,
-                          repr(int(new_values[name]))))
+                          _literal(new_values[name])))
     # Apply from the end so earlier offsets stay valid.
     for start_line, start_col, end_line, end_col, text in sorted(edits, reverse=True):
         first, last = lines[start_line - 1], lines[end_line - 1]
@@ -98,6 +130,10 @@ def rewrite_constants(source: str, new_values: dict[str, int]) -> str:
         tail = last.encode()[end_col:].decode()
         lines[start_line - 1:end_line] = [head + text + tail]
     return "".join(lines)
+
+
+def _literal(value: int | float) -> str:
+    return repr(float(value)) if isinstance(value, float) else repr(int(value))
 
 
 def is_batch_name(name: str) -> bool:

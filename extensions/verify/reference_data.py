@@ -29,12 +29,16 @@ def draw_secret() -> dict:
     scale = rng.uniform(3.0, 5.0)
     return {
         "input_seed": secrets.randbits(62),
+        # Noise for constant-initialised parameters (``param_noise``): the same in both models.
+        "param_seed": secrets.randbits(62),
         "transforms": {
             "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
             "scale_down": 10 ** rng.uniform(-3.5, -2.5),
             "scale_up": 10 ** rng.uniform(2.0, 3.0),
             "shift": rng.choice((-1.0, 1.0)) * rng.uniform(1.5, 3.5),
         },
+        # The odd-shape set also varies the float constants that reach the constructor.
+        "scalar_factor": rng.choice((rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6))),
     }
 
 
@@ -52,7 +56,11 @@ class PreparedProblem:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
+    param_seed: int = 0  # ``param_noise``: the seed and, per init index, the reference's keys
+    param_keys: list = field(default_factory=list)
     seconds: float = 0.0  # the reference process's wall time (once per problem per batch)
+    # The serialized input files handed to every candidate of this problem (candidate_run)
+    handover_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 class ProblemPreparer:
@@ -84,7 +92,8 @@ class ProblemPreparer:
                 device=self.device, gpu_index=gpu, isolation="process",
                 max_output_bytes=cfg.max_output_bytes,
             )
-            proc.send_line(json.dumps(draw_secret()))
+            secret = draw_secret()
+            proc.send_line(json.dumps(secret))
             # The reference runs several input sets and variations: a few timeouts' worth.
             outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
         seconds = time.monotonic() - started
@@ -101,6 +110,7 @@ class ProblemPreparer:
             inputs=_private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors"))),
             expected=_private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors"))),
             skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
+            param_seed=int(secret["param_seed"]), param_keys=list(data["param_keys"]),
         )
         # Inputs and expected outputs live in the parent's memory only.
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -24,8 +24,9 @@ import sys
 import types
 from typing import Any, Callable
 
-from .problem_constants import (find_size_constants, grown_size, is_batch_name, odd_size, rewrite_constants,
-                                shrink_step)
+from .problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name, odd_size,
+                                rewrite_constants, shrink_step, varied_scalar)
+from .param_noise import apply_parameter_noise, constant_parameter_keys
 from .tensor_io import pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
@@ -206,6 +207,7 @@ class ReferenceBuilder:
         self.cap = int(job["max_input_numel"])
         self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
         self.original_source = source
+        self.scalar_factor = float(secret["scalar_factor"])
         self.values, self.notes = shrink_to_cap(source, self.cap)
         self.base_source = rewrite_constants(source, self.values)
         self.base = load_problem(self.base_source)
@@ -214,12 +216,22 @@ class ReferenceBuilder:
         torch.manual_seed(self.seed)
         # One (init inputs, model) per distinct constructor arguments; index 0 is the base.
         self.inits: list[list] = [init]
-        self.models: list = [self.base.Model(*init).to(self.device)]
+        self.param_seed = int(secret["param_seed"])
+        self.param_keys: list[list[str]] = []  # per init index: the constant parameters perturbed
+        self.models: list = [self._perturbed(self.base.Model(*init).to(self.device))]
         self.sets: list[dict] = []
         self.base_output_rms = 0.0
         self.skipped: list[str] = []
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
+
+    def _perturbed(self, model):
+        """``model`` with its constant-initialised parameters replaced by the batch's noise
+        (``param_noise``); the keys are recorded so the candidate's tensors get the same."""
+        keys = constant_parameter_keys(model)
+        apply_parameter_noise(model, self.param_seed, keys, reference=True)
+        self.param_keys.append(keys)
+        return model
 
     @property
     def init(self) -> list:
@@ -238,7 +250,7 @@ class ReferenceBuilder:
             if same_init(known, init):
                 return index
         torch.manual_seed(self.seed)
-        model = module.Model(*init).to(self.device)
+        model = self._perturbed(module.Model(*init).to(self.device))
         self.inits.append(init)
         self.models.append(model)
         return len(self.inits) - 1
@@ -317,16 +329,52 @@ class ReferenceBuilder:
         if job["multi_input"] and job["shape_variations"]:
             self._add_wide_set(seed)
 
+    def _constructor_arguments(self) -> dict[str, float | int]:
+        """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
+        slope, clamp bounds; ``varied_scalar``) and integers below 4, which the odd sizes leave
+        alone (kernel sizes, strides, paddings, dilations: one step away from zero). A kernel that writes the problem's values in instead of reading its constructor's
+        arguments is right at those values only. Each change is kept only if the problem still
+        runs on the meta device with the ones kept before it."""
+        import torch
+
+        def init_of(values: dict) -> list:
+            torch.manual_seed(self.seed)
+            return list(self.module_at(values).get_init_inputs())
+
+        changes = [(n, varied_scalar(v, self.scalar_factor))
+                   for n, v in find_scalar_constants(self.original_source).items()]
+        # Not an axis (``dim``, ``axis``): a kernel tiled for the problem's axis is right on
+        # another but can be many times slower in the CPU interpreter, past its time limit.
+        changes += [(n, v + 1 if v >= 0 else v - 1) for n, v in self.values.items()
+                    if -4 < v < 4 and not any(word in n.lower() for word in ("dim", "axis"))]
+        varied: dict = {}
+        try:
+            base = init_of(self.values)
+            check_meta = meta_forward_runs(rewrite_constants(self.original_source, self.values))
+            for name, other in changes:
+                trial = {**self.values, **varied, name: other}
+                if same_init(base, init_of({**self.values, name: other})):
+                    continue  # never reaches the constructor
+                if check_meta and not meta_forward_runs(rewrite_constants(self.original_source, trial)):
+                    continue
+                varied[name] = other
+        except Exception as exc:  # noqa: BLE001 - the problem rejects a value: keep what was kept
+            self.skipped.append(f"constructor arguments: {type(exc).__name__}")
+        return varied
+
     def _add_shape_variation(self, seed: int) -> None:
         eligible = {n: odd_size(v) for n, v in self.values.items() if v >= 4 and odd_size(v) != v}
         attempts = [eligible] + [{n: v} for n, v in eligible.items()] if eligible else []
+        arguments = self._constructor_arguments()
+        if arguments:
+            attempts.insert(0, {**eligible, **arguments})
         for changed in attempts[:6]:
             try:
                 module = self.module_at({**self.values, **changed})
             except Exception as exc:  # noqa: BLE001
                 self.skipped.append(f"shape {changed}: problem failed to load ({type(exc).__name__})")
                 continue
-            if self.try_add("shape_" + "_".join(f"{n}{v}" for n, v in changed.items()), "shape", module, seed):
+            if self.try_add("shape_" + "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items()), "shape", module, seed):
                 return
         if not attempts:
             self.skipped.append("shape: no module-level size constant to vary")
@@ -448,6 +496,7 @@ def run(job_dir: str, secret: dict) -> None:
     prepared = {
         "problem_source": builder.base_source, "constants": builder.values, "notes": builder.notes,
         "init": init_specs[0], "inits": init_specs, "sets": builder.sets, "skipped": builder.skipped,
+        "param_keys": builder.param_keys,
         "shrunk": builder.values != builder.original_values,
     }
     tmp = os.path.join(job_dir, "prepared.json.tmp")

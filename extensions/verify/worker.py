@@ -138,9 +138,14 @@ class Models:
     """The candidate's models, one per constructor-argument set, each built (audited) when first
     needed."""
 
-    def __init__(self, model_cls, inits: list, seed: int, device: str, audit):
+    def __init__(self, model_cls, inits: list, seed: int, device: str, audit, param_noise: dict):
         self.model_cls, self.inits, self.seed, self.device, self.audit = model_cls, inits, seed, device, audit
+        self.param_noise = param_noise
         self._built: dict[int, Any] = {}
+
+    def param_keys(self, index: int) -> list[str]:
+        keys = self.param_noise.get("keys") or []
+        return keys[index] if index < len(keys) else []
 
     def get(self, index: int):
         """(model, construction flags); raises what the constructor raised."""
@@ -148,6 +153,10 @@ class Models:
             return self._built[index], []
         with self.audit.construction() as report:
             model = build_model(self.model_cls, self.inits[index], self.seed, self.device)
+        # The reference's constant-initialised parameters were given this noise (param_noise.py).
+        from .param_noise import apply_parameter_noise
+
+        apply_parameter_noise(model, int(self.param_noise.get("seed", 0)), self.param_keys(index), reference=False)
         self._built[index] = model
         return model, list(report.flags)
 
@@ -248,6 +257,9 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> d
         problem = load_problem(read_checked(timing["problem_file"], timing["problem_sha256"]).decode())
         torch.manual_seed(int(job["seed"]))
         reference = problem.Model(*models.inits[0]).to(device)
+        from .param_noise import apply_parameter_noise
+
+        apply_parameter_noise(reference, int(models.param_noise.get("seed", 0)), models.param_keys(0), reference=True)
         model, _flags = models.get(0)
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
@@ -320,6 +332,28 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     return values, handed
 
 
+def into_previous_tensors(previous: Any, inputs: Any) -> Any:
+    """``inputs``' values in the tensor objects of the previous set when every tensor has the same
+    shape, dtype, device and strides (and the other arguments are equal): a forward that keys a
+    cache on the tensors' identity or address (``id(x)``, ``x.data_ptr()``) then answers a new set
+    with an old output. Otherwise ``inputs`` itself."""
+    import torch
+
+    if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
+        return inputs
+    for old, new in zip(previous, inputs):
+        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+            if (old.shape, old.dtype, old.device, old.stride()) != (new.shape, new.dtype, new.device, new.stride()):
+                return inputs
+        elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor) or type(old) is not type(new) or old != new:
+            return inputs
+    with torch.no_grad():
+        for old, new in zip(previous, inputs):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)
+    return previous
+
+
 def _sandbox_failure(exc: AlteredFile) -> dict:
     return {"ok": False, "sandbox_error": True, "error": str(exc)}
 
@@ -351,11 +385,11 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
-    from . import audit, compare, integrity, interpreter_compat, policy, tensor_io
+    from . import audit, compare, integrity, interpreter_compat, param_noise, policy, tensor_io
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, policy, tensor_io,
-               json_module, json.encoder]
+    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, param_noise, policy,
+               tensor_io, json_module, json.encoder]
     if device != "cpu":
         try:
             from extensions.timing import measure, runners, schedule, stats
@@ -409,7 +443,7 @@ def serve(control, clock=None) -> None:
             model_cls, flags = import_candidate(candidate_source)
         details = dict(report.details)
         flags += [f for f in report.flags if f not in flags]
-        models = Models(model_cls, inits, int(job["seed"]), device, audit)
+        models = Models(model_cls, inits, int(job["seed"]), device, audit, job.get("param_noise") or {})
         if device != "cpu":  # after the import: a candidate that does not import never pays for CUDA
             warm_up_cuda(clock)
         with clock.phase("build"):
@@ -420,6 +454,7 @@ def serve(control, clock=None) -> None:
     flags += [f for f in built_flags if f not in flags]
     details["init_ops"] = sorted(set(details.get("init_ops", []) + audit.report.details.get("init_ops", [])))
     verdicts.write("compile.json", {"ok": True, "flags": flags, "details": details})
+    previous_inputs = None
     for index, set_spec in enumerate(job["sets"]):
         command = control.readline().split()
         if not command or command[0] != "run":
@@ -429,6 +464,7 @@ def serve(control, clock=None) -> None:
         except AlteredFile as exc:
             verdicts.write(f"set_{index}.json", _sandbox_failure(exc))
             return
+        inputs = previous_inputs = into_previous_tensors(previous_inputs, inputs)
         # The first set pays the kernel's compilation (and its launcher's, where Triton builds one).
         with clock.phase("first_set" if "first_set" not in clock.seconds else "other_sets"):
             status = run_set(models, index, set_spec, inputs, device, audit, order)

@@ -1,0 +1,100 @@
+"""Noise for constant-initialised parameters, varied constructor scalars and reused input tensors:
+the reference's and the candidate's models must get the same values whatever the candidate calls
+or shapes its tensors, and nothing the reference did not perturb may change."""
+import torch
+import torch.nn as nn
+
+from extensions.verify.param_noise import apply_parameter_noise, constant_parameter_keys
+from extensions.verify.problem_constants import find_scalar_constants, rewrite_constants, varied_scalar
+from extensions.verify.worker import into_previous_tensors
+
+
+class Reference(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm((3, 4))
+        self.proj = nn.Linear(4, 4)
+
+
+class Candidate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(12))  # flattened, renamed
+        self.register_buffer("b", torch.zeros(3, 4))  # a buffer instead of a parameter
+        self.helper = torch.full((5,), 7.0)  # a constant the reference has no counterpart for
+
+
+def test_reference_constants_and_candidate_tensors_get_the_same_noise():
+    ref, cand = Reference(), Candidate()
+    keys = constant_parameter_keys(ref)
+    assert keys == ["12:0.0", "12:1.0"]  # the Linear's random weight and bias are not constant
+    assert apply_parameter_noise(ref, 1234, keys, reference=True) == 2
+    assert apply_parameter_noise(cand, 1234, keys, reference=False) == 2
+    assert torch.equal(cand.w.detach(), ref.ln.weight.detach().reshape(-1))
+    assert torch.equal(cand.b, ref.ln.bias.detach())
+    assert torch.equal(cand.helper, torch.full((5,), 7.0))
+    assert bool((ref.ln.weight > 0).all()) and not bool((ref.ln.bias == 0).any())
+    other = Reference()
+    apply_parameter_noise(other, 99, constant_parameter_keys(other), reference=True)
+    assert not torch.equal(other.ln.weight, ref.ln.weight)  # the seed decides the values
+
+
+def test_scalar_constants_vary_and_rewrite():
+    source = "import torch\nmultiplier = 2.0\nslope = -0.1\np = 0.0\nsize = 8\n"
+    found = find_scalar_constants(source)
+    assert found == {"multiplier": 2.0, "slope": -0.1, "p": 0.0}
+    varied = {n: varied_scalar(v, 1.5) for n, v in found.items()}
+    assert varied == {"multiplier": 3.0, "slope": -0.1 * 1.5, "p": 0.0}
+    namespace = {}
+    exec(rewrite_constants(source, {**varied, "size": 5}), namespace)
+    assert (namespace["multiplier"], namespace["slope"], namespace["size"]) == (3.0, -0.1 * 1.5, 5)
+
+
+def test_inputs_of_the_same_layout_go_into_the_previous_tensors():
+    first = [torch.zeros(2, 3), 4]
+    second = [torch.ones(2, 3), 4]
+    reused = into_previous_tensors(first, second)
+    assert reused is first and torch.equal(first[0], torch.ones(2, 3))
+    assert into_previous_tensors(first, [torch.ones(3, 2), 4])[0].shape == (3, 2)
+    assert into_previous_tensors(first, [torch.ones(2, 3), 5])[1] == 5
+    assert into_previous_tensors(None, second) is second
+
+
+CONV_PROBLEM = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, channels, kernel_size, multiplier, dim):
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, kernel_size)
+        self.multiplier = multiplier
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.sum(self.conv(x) * self.multiplier, dim=self.dim)
+
+batch_size = 2
+channels = 4
+length = 16
+kernel_size = 3
+multiplier = 2.0
+dim = 1
+
+def get_inputs():
+    return [torch.rand(batch_size, channels, length)]
+
+def get_init_inputs():
+    return [channels, kernel_size, multiplier, dim]
+'''
+
+
+def test_constructor_arguments_vary_except_axes():
+    from extensions.verify.reference_worker import ReferenceBuilder
+
+    job = {"device": "cpu", "seed": 0, "max_input_numel": 0}
+    secret = {"input_seed": 1, "param_seed": 2, "scalar_factor": 1.5,
+              "transforms": {"signed": [4.0, 2.0, 1.0], "scale_down": 1e-3, "scale_up": 1e2, "shift": 2.0}}
+    builder = ReferenceBuilder(CONV_PROBLEM, job, secret)
+    # kernel_size moves one step; the multiplier is whole, so it does too; the axis stays.
+    assert builder._constructor_arguments() == {"kernel_size": 4, "multiplier": 3.0}
