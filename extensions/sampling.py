@@ -37,7 +37,9 @@ def render_prompt_ids(tokenizer, prompts: Sequence[list[dict]]) -> list[list[int
     return ids
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end an answer: the generation config's and the tokenizer's end-of-sequence."""
+    model = _unwrap(model)
     eos = getattr(model.generation_config, "eos_token_id", None)
     ids = set(eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else []))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
@@ -130,7 +132,7 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, para
     prompt_ids = render_prompt_ids(tokenizer, prompts)
     token_lists = sample_token_ids(
         model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress,
+        eos_token_ids=eos_token_ids(model, tokenizer), progress=progress,
     )
     return [[tokenizer.decode(tokens, skip_special_tokens=True) for tokens in per_prompt] for per_prompt in token_lists]
 
@@ -153,7 +155,7 @@ def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params:
         raise ValueError(f"{len(prompt_ids)} rendered prompts for {len(prompts)} prompts")
     sequences = sample_token_ids(
         model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=_eos_ids(_unwrap(model), tokenizer), progress=progress, with_logprobs=True,
+        eos_token_ids=eos_token_ids(model, tokenizer), progress=progress, with_logprobs=True,
     )
     def text(seq: SampledSequence) -> str:
         ids = seq.token_ids[:-1] if seq.stopped else seq.token_ids

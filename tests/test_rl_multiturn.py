@@ -97,6 +97,37 @@ def test_best_of_n_keeps_final_kernels_and_trains_on_own_turns_only():
     assert tokenize_dialogue(tokenizer, [*task, {"role": "assistant", "content": "only try"}], len(task)) == single
 
 
+def test_an_answer_cut_off_by_the_token_limit_is_trained_without_an_end_of_turn():
+    # Labelling an end of turn where sampling merely ran out of tokens teaches the model to stop
+    # there; Best-of-N answers then shrink round by round.
+    from extensions.prompts import build_messages
+    from extensions.training.objectives.base import RoundRollouts
+    from extensions.training.objectives.best_of_n import tokenize_kept
+    from extensions.training.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    eos = [tokenizer.eos_token_id]
+    task = build_messages("class Model: pass")
+    dialogue = [*task, {"role": "assistant", "content": "first try"},
+                {"role": "user", "content": "Verifier result: compile error"},
+                {"role": "assistant", "content": "second tr"}]
+    cut = tokenize_dialogue(tokenizer, dialogue, own_from=len(task), last_finished=False)
+    trained = [token for token, label in zip(cut.input_ids, cut.labels) if label != -100]
+    assert tokenizer.decode(trained) == "first try<|im_end|>\nsecond tr"
+
+    prompt_ids = tokenizer(tokenizer.apply_chat_template(task, tokenize=False, add_generation_prompt=True),
+                           add_special_tokens=False)["input_ids"]
+    answer = tokenizer("relu_kernel", add_special_tokens=False)["input_ids"]
+    rollouts = RoundRollouts(0, [{"task_id": "t"}], [], {"t": prompt_ids}, {"t": task})
+    stopped = Candidate("t", 1, 0, "relu_kernel", {"reward": 1.0}, token_ids=[*answer, *eos], score=1.0)
+    truncated = Candidate("t", 1, 1, "relu_kernel", {"reward": 1.0}, token_ids=answer, score=1.0)
+    (ended, open_), report = tokenize_kept(tokenizer, [stopped, truncated], rollouts, eos, max_seq_len=4096)
+    assert report.kept == 2
+    for example, labelled in ((ended, [*answer, *eos]), (open_, answer)):
+        assert example.input_ids == [*prompt_ids, *labelled]
+        assert [label for label in example.labels if label != -100] == labelled
+
+
 @pytest.mark.parametrize("key, value, message", [("max_turns", 0, "rl.max_turns must be >= 1, got 0"),
                                                  ("gamma", 1.5, "rl.gamma must be in \\[0, 1\\], got 1.5")])
 def test_unusable_turn_settings_are_refused_by_name(key, value, message):

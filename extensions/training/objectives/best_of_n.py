@@ -7,14 +7,18 @@ In a multi-turn round the choice is among trajectories, by their final answer's 
 training example is the whole dialogue that final answer ended: the task's prompt, each of the
 model's own answers and the verifier's feedback on it, as the last turn was prompted. Loss falls on
 the model's own answers only (the task, feedback and any worked examples are masked), so it learns
-to refine as well as to answer."""
+to refine as well as to answer.
+
+An answer cut off at ``max_new_tokens`` is trained without an end of turn: labelling one would teach
+the model to stop where sampling merely ran out of room, and answers would shrink round by round."""
 from __future__ import annotations
 
 import dataclasses
 import time
 from typing import Any, Optional, Sequence
 
-from ..batching import IGNORE_INDEX, DropReport, TokenizedExample, tokenize_examples
+from ...sampling import eos_token_ids
+from ..batching import IGNORE_INDEX, DropReport, TokenizedExample
 from ..rollouts import Candidate
 from ..trainer import OptimSettings, StepPlan
 from .base import Objective, RoundRollouts, UpdateContext, group_statistics
@@ -55,9 +59,10 @@ def final_turns(candidates: Sequence[Candidate]) -> list[Candidate]:
     return [last[key] for key in sorted(last)]
 
 
-def tokenize_dialogue(tokenizer, messages: list[dict], own_from: int) -> TokenizedExample:
+def tokenize_dialogue(tokenizer, messages: list[dict], own_from: int, *, last_finished: bool = True) -> TokenizedExample:
     """Tokens of a chat whose assistant messages from index ``own_from`` on are the model's own
-    answers: those (with their end-of-turn token) are the labels, everything else is masked.
+    answers: those (with their end-of-turn token) are the labels, everything else is masked. With
+    ``last_finished`` False the last answer was cut off: its text is labelled, with no end of turn.
 
     The chat template renders each prefix of the dialogue; every prefix must be the start of the
     next rendering (true of ChatML-style templates), so the pieces add up to the whole dialogue.
@@ -73,6 +78,8 @@ def tokenize_dialogue(tokenizer, messages: list[dict], own_from: int) -> Tokeniz
                               (tokenizer.apply_chat_template(messages[:index + 1], tokenize=False, add_generation_prompt=False), True)):
             if not text.startswith(rendered):
                 raise ValueError("the chat template renders earlier turns differently once later ones follow")
+            if trained and index == own[-1] and not last_finished:
+                text = rendered + messages[index]["content"]
             ids = tokenizer(text[len(rendered):], add_special_tokens=False)["input_ids"]
             input_ids += ids
             labels += list(ids) if trained else [IGNORE_INDEX] * len(ids)
@@ -80,19 +87,38 @@ def tokenize_dialogue(tokenizer, messages: list[dict], own_from: int) -> Tokeniz
     return TokenizedExample(input_ids=input_ids, labels=labels)
 
 
-def tokenize_dialogues(tokenizer, kept: Sequence[Candidate], first_prompts: dict[str, list[dict]],
-                       max_seq_len: int) -> tuple[list[TokenizedExample], DropReport]:
-    """The kept final answers of a multi-turn round, each with the dialogue it ended."""
+def finished(candidate: Candidate, eos_ids: Sequence[int]) -> bool:
+    """Whether the answer ended on its own; one without sampled tokens (an old log) counts as ended."""
+    return not candidate.token_ids or candidate.token_ids[-1] in eos_ids
+
+
+def sampled_example(rollouts: RoundRollouts, candidate: Candidate) -> TokenizedExample:
+    """A single-turn answer exactly as sampled: its prompt's tokens, masked, then its own tokens
+    (ending with an end of turn only where sampling produced one)."""
+    prompt_ids = rollouts.prompt_ids_for(candidate)
+    return TokenizedExample(input_ids=[*prompt_ids, *candidate.token_ids],
+                            labels=[IGNORE_INDEX] * len(prompt_ids) + list(candidate.token_ids))
+
+
+def tokenize_kept(tokenizer, kept: Sequence[Candidate], rollouts: RoundRollouts, eos_ids: Sequence[int],
+                  max_seq_len: int) -> tuple[list[TokenizedExample], DropReport]:
+    """The kept answers as training examples: a single-turn answer as sampled, a multi-turn one
+    with the dialogue it ended."""
     report = DropReport()
     examples = []
+    first_prompts = rollouts.messages
     for candidate in kept:
-        messages = [*(candidate.prompt or first_prompts[candidate.task_id]),
-                    {"role": "assistant", "content": candidate.text}]
         if not candidate.text.strip():
             report.add("with an empty completion")
             continue
         try:
-            example = tokenize_dialogue(tokenizer, messages, len(first_prompts[candidate.task_id]))
+            if candidate.prompt is None and candidate.token_ids:
+                example = sampled_example(rollouts, candidate)
+            else:
+                messages = [*(candidate.prompt or first_prompts[candidate.task_id]),
+                            {"role": "assistant", "content": candidate.text}]
+                example = tokenize_dialogue(tokenizer, messages, len(first_prompts[candidate.task_id]),
+                                            last_finished=finished(candidate, eos_ids))
         except Exception as exc:  # a malformed dialogue must not end the run
             report.add(f"that failed to tokenize ({type(exc).__name__})")
             continue
@@ -127,13 +153,10 @@ class BestOfN(Objective):
 
         rl, dist, round_index = self.rl, ctx.dist, rollouts.round_index
         multi_turn = any(c.prompt is not None for c in rollouts.candidates)
-        if multi_turn:
-            kept = select_top_k(final_turns(rollouts.candidates), rl.top_k, rl.reward_threshold)
-            examples, report = tokenize_dialogues(ctx.tokenizer, kept, rollouts.messages, self.max_seq_len)
-        else:
-            kept = select_top_k(rollouts.candidates, rl.top_k, rl.reward_threshold)
-            examples, report = tokenize_examples(ctx.tokenizer, [(rollouts.messages[c.task_id], c.text) for c in kept],
-                                                 self.max_seq_len, "kept candidates")
+        candidates = final_turns(rollouts.candidates) if multi_turn else rollouts.candidates
+        kept = select_top_k(candidates, rl.top_k, rl.reward_threshold)
+        examples, report = tokenize_kept(ctx.tokenizer, kept, rollouts, eos_token_ids(ctx.trainer.model, ctx.tokenizer),
+                                         self.max_seq_len)
         if report.dropped and dist.is_main:
             print(f"[rl] round {round_index}: {report.summary('kept candidates')}", flush=True)
         plan = fit_plan(examples, ctx.trainer.settings, seed=ctx.cfg.run.seed + round_index, world_size=dist.world_size) if examples else None
