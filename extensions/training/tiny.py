@@ -28,6 +28,15 @@ _TRAINING_TEXTS = [
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+def _training_texts() -> list[str]:
+    """Code snippets and the project's own prompt text: a real tokenizer encodes English and code
+    compactly, and a tiny one trained on bytes of code alone would spend ~1,800 tokens on the
+    instructions, leaving a test's SFT example no room within a 2,048-token window."""
+    from ..prompts import INSTRUCTIONS, SYSTEM_PROMPT, WORKED_EXAMPLE_SOLUTION, WORKED_EXAMPLE_TASK
+
+    return _TRAINING_TEXTS * 4 + [SYSTEM_PROMPT, INSTRUCTIONS, WORKED_EXAMPLE_TASK, WORKED_EXAMPLE_SOLUTION]
+
+
 def build_tiny_tokenizer(vocab_size: int = 512):
     """A byte-level BPE tokenizer (every string encodes and decodes exactly) with ChatML specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -40,7 +49,7 @@ def build_tiny_tokenizer(vocab_size: int = 512):
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    backend.train_from_iterator(_TRAINING_TEXTS * 4, trainer=trainer)
+    backend.train_from_iterator(_training_texts(), trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
