@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .prompts import EXAMPLES_AS, add_worked_examples, build_messages
+from .prompts import EXAMPLES_AS, add_worked_examples, build_messages, prompt_text_digest
 
 PROMPT_MODES = ("plain", "raicl")
 _CANDIDATES_PER_EXAMPLE = 4
@@ -81,8 +81,8 @@ class PromptBuilder:
     def describe(self) -> dict:
         """What decides the prompts' text: saved with generations so a change is noticed."""
         if self.mode == "plain":
-            return {"mode": "plain"}
-        return {"mode": "raicl", "k": self.k, "max_example_chars": self.max_example_chars,
+            return {"mode": "plain", "text": prompt_text_digest()}
+        return {"mode": "raicl", "text": prompt_text_digest(), "k": self.k, "max_example_chars": self.max_example_chars,
                 "examples_as": EXAMPLES_AS,
                 "index": {k: self.retriever.meta.get(k) for k in ("backend", "examples", "model")}}
 

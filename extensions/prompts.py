@@ -12,6 +12,8 @@ benchmark splits can decontaminate against it too.
 """
 from __future__ import annotations
 
+import hashlib
+
 SYSTEM_PROMPT = (
     "You are an expert GPU kernel engineer. You rewrite PyTorch modules as fast, correct Triton "
     "kernels."
@@ -25,6 +27,8 @@ Requirements:
 - `ModelNew.forward` must compute the same outputs as `Model.forward` (same shapes and dtypes).
 - Do the computation in `@triton.jit` kernels launched from `forward`; do not call PyTorch \
 operators (torch.matmul, F.relu, ...) for the math, and do not use `Model`.
+- A kernel sees only its own arguments: pass every value it needs (tensors, sizes, attributes such \
+as `self.alpha`) as an argument, and use only `tl.*` operations inside it (no `self`, no `torch`).
 - Keep parameters as `nn.Parameter`s initialised like the original so the weights match.
 - Answer with the complete Python module in one ```python code block.
 
@@ -147,3 +151,11 @@ def refinement_turns(previous_response: str, feedback: str) -> list[dict[str, st
         {"role": "assistant", "content": previous_response},
         {"role": "user", "content": REFINE_INSTRUCTIONS.format(feedback=feedback.strip())},
     ]
+
+
+def prompt_text_digest() -> str:
+    """A short digest of the fixed prompt text: saved answers to prompts worded otherwise are not
+    reused."""
+    text = "\0".join((SYSTEM_PROMPT, INSTRUCTIONS, WORKED_EXAMPLE_TASK, WORKED_EXAMPLE_SOLUTION,
+                      CLOSING_LINE, REFINE_INSTRUCTIONS))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from extensions.config import load_config
-from extensions.data import prepare
+from extensions.data import format_summary, prepare
 from extensions.data import rejections as R
 from extensions.data.bundled import bundled_pairs
 from extensions.data.kernelbook import flatten_init_inputs, normalise_row, rename_class
@@ -231,3 +231,27 @@ def test_split_is_deterministic_and_stable():
     assert set(subset.rl) == set(first.rl) & set(ids[:500])
     tiny = split_ids(["a", "b", "c", "d"], val_fraction=0.05, rl_fraction=0.2)
     assert tiny.val and tiny.rl and tiny.train
+
+
+def test_named_rl_tasks_are_held_out_whatever_their_hash():
+    ids = [f"id-{i}" for i in range(200)]
+    named = ["id-3", "id-50", "id-199"]
+    split = split_ids(ids, val_fraction=0.1, rl_fraction=0.0, rl_ids=named)
+    assert split.rl == named
+    assert not set(named) & (set(split.train) | set(split.val))
+    hashed = split_ids(ids, val_fraction=0.1, rl_fraction=0.2)
+    both = split_ids(ids, val_fraction=0.1, rl_fraction=0.2, rl_ids=named)
+    assert set(both.rl) == set(hashed.rl) | set(named)
+
+
+def test_named_rl_tasks_in_prepare(tmp_path):
+    names = ["bundled-add", "bundled-sigmoid", "bundled-absent"]
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml",
+                      ["data.rl_fraction=0.0", f"data.rl_task_ids=[{','.join(names)}]"])
+    outcome = prepare(cfg, tmp_path / "out", progress=False)
+    rl_ids = [json.loads(line)["task_id"] for line in (tmp_path / "out" / "rl_tasks.jsonl").open()]
+    assert rl_ids == ["kb_bundled-add", "kb_bundled-sigmoid"]
+    train = {json.loads(line)["uuid"] for line in (tmp_path / "out" / "sft_train.jsonl").open()}
+    assert not train & {"bundled-add", "bundled-sigmoid"} and "bundled-mul_add" in train
+    assert outcome.report["rl_task_ids_missing"] == ["bundled-absent"]
+    assert "bundled-absent" in format_summary(outcome.report)

@@ -147,3 +147,18 @@ def test_dense_backend_without_its_packages_errors_clearly(tmp_path):
     with pytest.raises(RetrievalUnavailable, match="sentence-transformers and faiss"):
         build_index([Example("kb_1", "x = 1\n", "y = 2\n")], tmp_path / "retrieval", "dense", "some/model")
     assert list(tmp_path.iterdir()) == []  # nothing half-built is left behind
+
+
+def test_lexical_search_reads_operators_and_name_parts(tmp_path):
+    """``x + y`` finds ``x * y + z`` and ``leaky_relu`` finds ``relu``, among pairs that share every
+    other term; without the operators and name parts they would tie."""
+    from extensions.data.kernelbook import normalise_row
+
+    pairs = {row["uuid"]: normalise_row(row) for row in bundled_pairs()}
+    indexed = ["mul_add", "relu", "tanh", "linear", "scaled_matmul", "softplus", "gelu", "hardswish"]
+    build_index((Example(name, pairs[f"bundled-{name}"].task_code, pairs[f"bundled-{name}"].solution_code)
+                 for name in indexed), tmp_path / "index")
+    retriever = ExampleRetriever.open(tmp_path / "index")
+    for query, expected in (("add", "mul_add"), ("leaky_relu", "relu")):
+        best, _score = retriever.search(pairs[f"bundled-{query}"].task_code, 1)[0]
+        assert best.example_id == expected, query

@@ -50,6 +50,9 @@ class DataConfig:
     max_samples: Optional[int] = None
     val_fraction: float = 0.05
     rl_fraction: float = 0.2  # share of kept KernelBook tasks held out as RL tasks
+    # KernelBook uuids held out as RL tasks whatever their hash (the bundled pairs' are
+    # "bundled-<file stem>"); ids not among the kept rows are named in the prepare report.
+    rl_task_ids: list[str] = field(default_factory=list)
     near_duplicate_threshold: float = 0.9
     decontamination_threshold: float = 0.85
     max_prompt_chars: int = 12000  # longer normalised tasks are dropped (task_too_long)

@@ -224,7 +224,8 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
 
     by_uuid = {k.pair.uuid: k for k in kept}
     split = split_ids([k.pair.uuid for k in kept], val_fraction=data_cfg.val_fraction,
-                      rl_fraction=data_cfg.rl_fraction)
+                      rl_fraction=data_cfg.rl_fraction, rl_ids=data_cfg.rl_task_ids)
+    rl_ids_missing = [uuid for uuid in data_cfg.rl_task_ids if uuid not in by_uuid]
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / REPORT_FILE).unlink(missing_ok=True)  # outputs are incomplete until the report is back
@@ -263,6 +264,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
             "bundled_eval_agreement": difficulty_agreement(bundled),
         },
         "retrieval": {"index": retrieval_meta, "sft_prompts": prompts.stats()},
+        "rl_task_ids_missing": rl_ids_missing,
         "seconds": round(time.time() - started, 2),
     }
     _atomic_write_json(out_dir / REPORT_FILE, report)

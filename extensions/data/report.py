@@ -67,6 +67,9 @@ def format_summary(report: dict[str, Any]) -> str:
     if index:
         lines.append(f"retrieval index: {index['examples']} examples ({index['backend']}, "
                      f"{index['bytes'] / 1024:.0f} KiB)")
+    missing = report.get("rl_task_ids_missing")
+    if missing:
+        lines.append(f"data.rl_task_ids not among the kept rows: {', '.join(missing)}")
     agreement = report.get("difficulty", {}).get("kernelbench_agreement")
     if agreement and agreement.get("n"):
         per_level = ", ".join(f"L{lvl} {v['agreement']:.2f}" for lvl, v in agreement["per_level"].items())

@@ -29,20 +29,23 @@ def _ensure_one(source: list[str], target: list[str], salt: str, min_source: int
         target.append(chosen)
 
 
-def split_ids(ids: Sequence[str], *, val_fraction: float, rl_fraction: float) -> Split:
-    """RL tasks take ``rl_fraction`` of all ids; validation takes ``val_fraction`` of the rest."""
+def split_ids(ids: Sequence[str], *, val_fraction: float, rl_fraction: float,
+              rl_ids: Sequence[str] = ()) -> Split:
+    """RL tasks take ``rl_fraction`` of all ids plus every id in ``rl_ids``; validation takes
+    ``val_fraction`` of the rest."""
     for name, value in (("val_fraction", val_fraction), ("rl_fraction", rl_fraction)):
         if not 0.0 <= value < 1.0:
             raise ValueError(f"data.{name} must be in [0, 1), got {value}")
     split = Split()
+    pinned = set(rl_ids)
     for key in ids:
-        if unit_hash("rl", key) < rl_fraction:
+        if key in pinned or unit_hash("rl", key) < rl_fraction:
             split.rl.append(key)
         elif unit_hash("val", key) < val_fraction:
             split.val.append(key)
         else:
             split.train.append(key)
-    if rl_fraction > 0:
+    if rl_fraction > 0 or pinned:
         _ensure_one(split.train, split.rl, "rl", min_source=3)
     if val_fraction > 0:
         _ensure_one(split.train, split.val, "val", min_source=2)

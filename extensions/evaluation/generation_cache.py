@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from ..checkpoints import META, adapter_content_hash
+from ..prompts import prompt_text_digest
 from .inputs import read_generations
 from .records import EvalTask
 
 PROMPT_BUILDER = "extensions.prompts.build_messages"
 # What decides the prompts' text (PromptBuilder.describe()); plain prompts when none is given.
-PLAIN_PROMPT = {"builder": PROMPT_BUILDER, "mode": "plain"}
+PLAIN_PROMPT = {"builder": PROMPT_BUILDER, "mode": "plain", "text": prompt_text_digest()}
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 

@@ -30,6 +30,7 @@ EXAMPLES_FILE = "examples.jsonl"
 META_FILE = "meta.json"
 _PLACEHOLDER = re.compile(r"^_v\d+$")
 _WORD = re.compile(r"^[A-Za-z_]\w*$|^\d[\d.eE+-]*$")
+_OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "@"})
 _FALLBACK_WORDS = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d+)?")
 
 
@@ -45,13 +46,24 @@ class Example:
 
 
 def lexical_terms(code: str) -> list[str]:
-    """Search terms of ``code``: the normalised tokens without placeholders, keywords or punctuation.
+    """Search terms of ``code``: the normalised tokens without placeholders, keywords or punctuation,
+    the parts of names joined by underscores (``leaky_relu`` also gives ``leaky`` and ``relu``) and
+    the arithmetic operators (``x * y + z`` computes something, even with no name in it).
     Code that does not parse falls back to its plain words."""
     try:
         tokens = canonical_tokens(code)
     except (SyntaxError, ValueError, RecursionError):
         return _FALLBACK_WORDS.findall(code)
-    return [t for t in tokens if _WORD.match(t) and not _PLACEHOLDER.match(t) and not keyword.iskeyword(t)]
+    terms = []
+    for token in tokens:
+        if token in _OPERATORS:
+            terms.append(token)
+        elif _WORD.match(token) and not _PLACEHOLDER.match(token) and not keyword.iskeyword(token):
+            terms.append(token)
+            parts = [part for part in token.split("_") if len(part) > 1]
+            if len(parts) > 1:
+                terms += parts
+    return terms
 
 
 def _code_key(code: str) -> Optional[str]:
