@@ -95,7 +95,7 @@ def load_problems(path: str, ids: list[int]) -> dict[int, str]:
 def shrunk_source(code: str, config, device: str) -> str:
     """The problem at the sizes the verifier uses, so the baseline does the same work."""
     from extensions.verify.problem_constants import rewrite_constants
-    from extensions.verify.reference_worker import shrink_to_cap
+    from extensions.verify.problem_sizes import shrink_to_cap
 
     cap = config.cpu_max_input_numel if device == "cpu" else config.cuda_max_input_numel
     values, _ = shrink_to_cap(code, cap)
@@ -112,7 +112,7 @@ def baseline_worker(job_dir: str) -> None:
     import importlib.util
 
     from extensions.verify.extract import extract_code
-    from extensions.verify.reference_worker import load_problem
+    from extensions.verify.problem_sizes import load_problem
 
     job = json.loads(Path(job_dir, "job.json").read_text())
     verdict = {"correct": False, "error": None, "speedup": None}

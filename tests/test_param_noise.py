@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from extensions.verify.param_noise import apply_parameter_noise, constant_parameter_keys
 from extensions.verify.problem_constants import find_scalar_constants, rewrite_constants, varied_scalar
-from extensions.verify.worker import into_previous_tensors
+from extensions.verify.handed_files import into_previous_tensors
 
 
 class Reference(nn.Module):

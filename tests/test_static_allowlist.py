@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from extensions.verify import policy
+from extensions.verify import policy, triton_api
 from extensions.verify.static_check import FLAG_DESCRIPTIONS, static_check
 
 HEADER = """\
@@ -386,8 +386,8 @@ def test_triton_api_lists_name_no_module_of_the_installed_triton():
     tl = pytest.importorskip("triton.language")
     from triton.language.extra.cuda import libdevice
 
-    for namespace, names in ((tl, policy.TRITON_LANGUAGE_API), (tl.math, policy.TRITON_MATH_API),
-                             (libdevice, policy.TRITON_MATH_API)):
+    for namespace, names in ((tl, triton_api.TRITON_LANGUAGE_API), (tl.math, triton_api.TRITON_MATH_API),
+                             (libdevice, triton_api.TRITON_MATH_API)):
         for name in names:
             assert not isinstance(getattr(namespace, name, None), types.ModuleType), name
 

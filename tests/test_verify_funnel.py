@@ -384,7 +384,7 @@ def test_kernelbench_problems_shrink_under_the_cpu_cap(kernelbench_jsonl):
     import json
 
     from extensions.verify.problem_constants import rewrite_constants
-    from extensions.verify.reference_worker import meta_numel, shrink_to_cap
+    from extensions.verify.problem_sizes import meta_numel, shrink_to_cap
 
     rows = {}
     with open(kernelbench_jsonl) as fh:

@@ -37,6 +37,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .answer_cleanup import remove_harness_and_echo, tidy, try_parse
+
 METHODS = ("fenced", "fenced_untagged", "unterminated_fence", "unfenced", "none")
 
 
@@ -238,7 +240,7 @@ def _from_blocks(blocks: list[_Block]) -> Extraction:
     block, chosen_parse = blocks[chosen], parsed[chosen]
     assert chosen_parse is not None
     code, notes = _join_with_earlier(chosen_parse, parsed[:chosen])
-    code, cleanup_notes = _remove_harness_and_echo(code)
+    code, cleanup_notes = remove_harness_and_echo(code)
     notes = chosen_parse.notes + notes + cleanup_notes
     if len(with_modelnew) > 1:
         notes.append(f"{len(with_modelnew)} blocks define ModelNew; used block {chosen + 1}")
@@ -265,23 +267,14 @@ def _parse_block(block: _Block) -> Optional[_Parsed]:
 
 # --- parsing and repair ------------------------------------------------------------------------
 
-def _try_parse(code: str) -> tuple[Optional[ast.Module], Optional[SyntaxError]]:
-    try:
-        return ast.parse(code), None
-    except SyntaxError as exc:  # IndentationError and TabError are SyntaxErrors
-        return None, exc
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return None, SyntaxError(str(exc))
-
-
 def _parse_with_tab_fix(code: str) -> Optional[_Parsed]:
-    tree, _ = _try_parse(code)
+    tree, _ = try_parse(code)
     if tree is not None:
         return _Parsed(code + "\n", tree, [])
     if "\t" in code:
         for width in (8, 4):  # 8 is how Python itself reads a tab
             expanded = code.expandtabs(width)
-            tree, _ = _try_parse(expanded)
+            tree, _ = try_parse(expanded)
             if tree is not None:
                 return _Parsed(expanded + "\n", tree, [f"tabs expanded to {width} spaces"])
     return None
@@ -300,7 +293,7 @@ def _trim_truncated(text: str) -> Optional[_Parsed]:
             if dropped:
                 parsed.notes.append(f"cut off: dropped the last {dropped} lines to parse")
             return parsed
-        _, error = _try_parse("\n".join(lines))
+        _, error = try_parse("\n".join(lines))
         lineno = getattr(error, "lineno", None) or len(lines)
         # The error line is where parsing broke (an unclosed bracket or string reports where it
         # opened); drop it and everything after, at least one line per round.
@@ -331,7 +324,7 @@ def _blank_prose_lines(text: str, truncate_tail: bool) -> Optional[_Parsed]:
             if cut:
                 parsed.notes.append(f"dropped {cut} trailing lines that did not parse")
             return parsed
-        _, error = _try_parse(code)
+        _, error = try_parse(code)
         lineno = getattr(error, "lineno", None)
         if lineno is None or lineno < 1:
             return None
@@ -371,7 +364,7 @@ def _from_unfenced(text: str) -> Extraction:
     if parsed is None:
         return Extraction(None, "none", "no parseable code defines ModelNew", 1)
     code, notes = _blank_bare_names(parsed)
-    code, cleanup_notes = _remove_harness_and_echo(code)
+    code, cleanup_notes = remove_harness_and_echo(code)
     return Extraction(code, "unfenced", None, 1, notes + cleanup_notes)
 
 
@@ -386,7 +379,7 @@ def _blank_bare_names(parsed: _Parsed) -> tuple[str, list[str]]:
     for node in bare:
         for row in range(node.lineno - 1, (node.end_lineno or node.lineno)):
             lines[row] = ""
-    code = _tidy("\n".join(lines))
+    code = tidy("\n".join(lines))
     notes = parsed.notes + ([f"blanked {len(bare)} lone-word lines"] if bare else [])
     return code, notes
 
@@ -396,7 +389,7 @@ def _blank_bare_names(parsed: _Parsed) -> tuple[str, list[str]]:
 def _join_with_earlier(chosen: _Parsed, earlier: list[Optional[_Parsed]]) -> tuple[str, list[str]]:
     needed = _unbound_names(chosen.tree)
     if not needed:
-        return _tidy(chosen.code), []
+        return tidy(chosen.code), []
     provided_so_far = _top_level_bindings(chosen.tree)[0] | _top_level_bindings(chosen.tree)[1]
     pieces: dict[int, str] = {}
     for index in range(len(earlier) - 1, -1, -1):
@@ -421,12 +414,12 @@ def _join_with_earlier(chosen: _Parsed, earlier: list[Optional[_Parsed]]) -> tup
         provided_so_far |= provided
         needed -= provided
     if not pieces:
-        return _tidy(chosen.code), []
+        return tidy(chosen.code), []
     joined = "\n\n".join([pieces[i].strip("\n") for i in sorted(pieces)] + [chosen.code.strip("\n")])
-    tree, _ = _try_parse(joined)
+    tree, _ = try_parse(joined)
     if tree is None:
-        return _tidy(chosen.code), ["joining earlier blocks did not parse; used the block alone"]
-    return _tidy(joined), [f"joined {len(pieces)} earlier block(s) that define names it uses"]
+        return tidy(chosen.code), ["joining earlier blocks did not parse; used the block alone"]
+    return tidy(joined), [f"joined {len(pieces)} earlier block(s) that define names it uses"]
 
 
 def _top_level_bindings(tree: ast.Module) -> tuple[set[str], set[str]]:
@@ -467,75 +460,6 @@ def _unbound_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             bound.update(node.names)
     return used - bound - _BUILTIN_NAMES
-
-
-def _remove_harness_and_echo(code: str) -> tuple[str, list[str]]:
-    code, harness_note = _remove_main_guard(code)
-    code, echo_note = _remove_echoed_reference(code)
-    return code, [note for note in (harness_note, echo_note) if note]
-
-
-def _remove_echoed_reference(code: str) -> tuple[str, Optional[str]]:
-    """Drop a top-level ``class Model`` that nothing else in the module names.
-
-    Answers often repeat the original module before the rewrite. An unreferenced copy never runs,
-    so it is noise, not a cheat; any other mention of ``Model`` (subclassing, calling, a string)
-    keeps the class in place for the static check to flag.
-    """
-    tree, _ = _try_parse(code)
-    if tree is None:
-        return code, None
-    echoes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"]
-    if not echoes:
-        return code, None
-    inside = {id(sub) for echo in echoes for sub in ast.walk(echo)}
-    for node in ast.walk(tree):
-        if id(node) in inside:
-            continue
-        if (isinstance(node, ast.Name) and node.id == "Model") \
-                or (isinstance(node, ast.Attribute) and node.attr == "Model") \
-                or (isinstance(node, ast.Constant) and node.value == "Model") \
-                or (isinstance(node, ast.alias) and "Model" in (node.name, node.asname)):
-            return code, None
-    lines = code.split("\n")
-    for echo in sorted(echoes, key=lambda n: n.lineno, reverse=True):
-        start = min([echo.lineno] + [d.lineno for d in echo.decorator_list])
-        del lines[start - 1:echo.end_lineno]
-    cleaned = _tidy("\n".join(lines))
-    if _try_parse(cleaned)[0] is None:
-        return code, None
-    return cleaned, "removed an unreferenced copy of the reference class Model"
-
-
-def _remove_main_guard(code: str) -> tuple[str, Optional[str]]:
-    tree, _ = _try_parse(code)
-    if tree is None:
-        return code, None
-    lines = code.split("\n")
-    removed = 0
-    for node in reversed(tree.body):
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            del lines[node.lineno - 1:node.end_lineno]
-            removed += 1
-    if not removed:
-        return code, None
-    cleaned = _tidy("\n".join(lines))
-    if _try_parse(cleaned)[0] is None:
-        return code, None
-    return cleaned, "removed the `if __name__ == \"__main__\"` block"
-
-
-def _is_main_test(test: ast.expr) -> bool:
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    has_name = any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
-    has_main = any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides)
-    return has_name and has_main
-
-
-def _tidy(code: str) -> str:
-    return code.strip("\n") + "\n"
 
 
 def drop_docstrings(tree: ast.AST) -> None:

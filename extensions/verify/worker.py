@@ -28,7 +28,6 @@ checked against the snapshot taken before the candidate was imported (``integrit
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -38,7 +37,8 @@ import sys
 import traceback
 from typing import Any
 
-CANDIDATE_FILE = "candidate.py"
+from .handed_files import CANDIDATE_FILE, AlteredFile, into_previous_tensors, read_checked, read_job, take_handed
+
 _PATHS = re.compile(r"(?:/[\w.\-+@]+)+/")
 
 
@@ -244,7 +244,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> d
     import torch
 
     from ..config.sections import VerifierConfig
-    from .reference_worker import load_problem
+    from .problem_sizes import load_problem
     from .tensor_io import pack, save_tensors
 
     try:
@@ -280,80 +280,6 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> d
         return {"error": "timing failed: " + short_error(exc)}
 
 
-class AlteredFile(Exception):
-    """A file the parent wrote does not hash to what the parent sent: another process changed it.
-    The sandbox failed, not the candidate."""
-
-
-def read_checked(name: str, expected_sha: str) -> bytes:
-    """The bytes of ``name``, read once and checked against the SHA-256 the parent sent on the
-    private control channel (under process isolation other processes of this user can write the
-    candidate's directory); the file is used only through these bytes."""
-    with open(name, "rb") as fh:
-        data = fh.read()
-    if hashlib.sha256(data).hexdigest() != expected_sha:
-        raise AlteredFile(f"{name} was altered by another process")
-    return data
-
-
-def _read_job(hashes: list[str]) -> tuple[dict, list, bytes]:
-    """The job, the init inputs (both deleted once read: no input exists while the candidate is
-    imported and built) and the candidate's checked bytes. ``hashes``: job, init, candidate."""
-    from safetensors.torch import load as load_tensor_bytes
-
-    from .tensor_io import unpack
-
-    if len(hashes) != 3:
-        raise AlteredFile("the start command carries no file hashes")
-    job_sha, init_sha, candidate_sha = hashes
-    job = json.loads(read_checked("job.json", job_sha))
-    tensors = load_tensor_bytes(read_checked(job["init_file"], init_sha))
-    inits = [unpack(spec, tensors) for spec in job["inits"]]
-    for name in ("job.json", job["init_file"]):
-        os.remove(name)
-    return job, inits, read_checked(CANDIDATE_FILE, candidate_sha)
-
-
-def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
-    """The values the parent handed over as ``stem``.safetensors + ``stem``.json (deleted once
-    read: a set's inputs exist only from just before its run), and the JSON's other fields.
-    ``hashes`` (tensors, JSON) came with the command that announced them."""
-    from safetensors.torch import load as load_tensor_bytes
-
-    from .tensor_io import unpack
-
-    if len(hashes) != 2:
-        raise AlteredFile(f"no hashes came with {stem}")
-    handed = json.loads(read_checked(stem + ".json", hashes[1]))
-    tensors = load_tensor_bytes(read_checked(stem + ".safetensors", hashes[0]))
-    for suffix in (".json", ".safetensors"):
-        os.remove(stem + suffix)
-    values = [unpack(spec, tensors, device if device != "cpu" else None) for spec in handed.pop("values")]
-    return values, handed
-
-
-def into_previous_tensors(previous: Any, inputs: Any) -> Any:
-    """``inputs``' values in the tensor objects of the previous set when every tensor has the same
-    shape, dtype, device and strides (and the other arguments are equal): a forward that keys a
-    cache on the tensors' identity or address (``id(x)``, ``x.data_ptr()``) then answers a new set
-    with an old output. Otherwise ``inputs`` itself."""
-    import torch
-
-    if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
-        return inputs
-    for old, new in zip(previous, inputs):
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-            if (old.shape, old.dtype, old.device, old.stride()) != (new.shape, new.dtype, new.device, new.stride()):
-                return inputs
-        elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor) or type(old) is not type(new) or old != new:
-            return inputs
-    with torch.no_grad():
-        for old, new in zip(previous, inputs):
-            if isinstance(old, torch.Tensor):
-                old.copy_(new)
-    return previous
-
-
 def _sandbox_failure(exc: AlteredFile) -> dict:
     return {"ok": False, "sandbox_error": True, "error": str(exc)}
 
@@ -385,11 +311,12 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
-    from . import audit, compare, integrity, interpreter_compat, param_noise, policy, tensor_io
+    from . import (audit, compare, handed_files, integrity, interpreter_compat, param_noise, policy, tensor_io,
+                   triton_api)
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, integrity, interpreter_compat, param_noise, policy,
-               tensor_io, json_module, json.encoder]
+    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, param_noise,
+               policy, tensor_io, triton_api, json_module, json.encoder]
     if device != "cpu":
         try:
             from extensions.timing import measure, runners, schedule, stats
@@ -419,7 +346,7 @@ def serve(control, clock=None) -> None:
     become_subreaper()  # a setsid/double-forked grandchild stays in this tree, where it is killed
     warm_up_profiler()  # milliseconds where it was warmed while waiting
     try:
-        job, inits, candidate_source = _read_job(command[1:])
+        job, inits, candidate_source = read_job(command[1:])
     except AlteredFile as exc:
         _write_json("compile.json", _sandbox_failure(exc))
         return
