@@ -63,6 +63,8 @@ def _honest_checker() -> str:
 @BOTH_MODES
 def test_a_stopped_server_is_replaced(ctx, isolation):
     poisoner, honest = _judge_in_turn(ctx, isolation, [STOPS_ITS_SERVER, candidate()])
+    # Judged as soon as the stop is seen, not after the time limit: a stopped server relays nothing.
+    assert not poisoner.correct and "stopped the process it was forked from" in poisoner.error, poisoner.error
     assert honest.correct, honest.error
     assert "timeout" not in (honest.error or "")
 

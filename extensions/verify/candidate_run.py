@@ -111,6 +111,9 @@ class CandidateRun:
             elif self.proc.timed_out:
                 fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
                 self.result.details["timed_out"] = True
+            elif self.proc.stopped_server:
+                self.proc.finish(time.monotonic() + 5)
+                fail(self.result, phase, "crashed", "stopped the process it was forked from")
             else:
                 code = self.proc.poll()
                 outcome = self.proc.finish(time.monotonic() + 5)

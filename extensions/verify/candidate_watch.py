@@ -27,6 +27,7 @@ class CandidateWatch:
     baseline_kb: int = 0
     memory_exceeded: bool = False
     timed_out: bool = False
+    stopped_server: bool = False  # the candidate stopped the fork server its process came from
 
     def watched_pids(self) -> list[int]:
         raise NotImplementedError

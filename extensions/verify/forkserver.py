@@ -379,6 +379,12 @@ class ForkedWorker(CandidateWatch):
         return os.path.join(self.sandbox_dir, name)
 
     def poll(self) -> Optional[int]:
+        if not self.stopped_server and self.server.alive and self.server.stopped():
+            # A stopped server relays no command and reports no exit, so waiting on it would only
+            # end at the time limit (and twice more in finish and release): the candidate stopped
+            # it, and both go at once.
+            self.stopped_server = True
+            self.server.close()
         return self.server.exit_status()
 
     def send_line(self, line: str) -> None:
