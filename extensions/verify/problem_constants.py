@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import operator
 from dataclasses import dataclass
+from typing import Iterator
 
 _BINOPS = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -46,18 +47,22 @@ def _const_int(node: ast.AST, known: dict[str, int]) -> int | None:
     return None
 
 
+def _name_assignments(tree: ast.Module) -> Iterator[tuple[ast.stmt, str, ast.expr]]:
+    """Module-level ``NAME = value`` and ``NAME: T = value`` statements, in order, with the name
+    and the value's node."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            yield stmt, stmt.targets[0].id, stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            yield stmt, stmt.target.id, stmt.value
+
+
 def find_size_constants(source: str) -> dict[str, SizeConstant]:
     """Module-level ``NAME = <integer expression>`` assignments (booleans are not sizes)."""
     tree = ast.parse(source)
     known: dict[str, int] = {}
     found: dict[str, SizeConstant] = {}
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            target, value_node = stmt.targets[0].id, stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            target, value_node = stmt.target.id, stmt.value
-        else:
-            continue
+    for stmt, target, value_node in _name_assignments(tree):
         value = _const_int(value_node, known)
         if value is None:
             known.pop(target, None)
@@ -72,13 +77,7 @@ def find_scalar_constants(source: str) -> dict[str, float]:
     """Module-level ``NAME = <float literal>`` assignments (``multiplier = 2.0``, ``eps = -1e-5``):
     the scalars a problem may hand its constructor."""
     found: dict[str, float] = {}
-    for stmt in ast.parse(source).body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            target, node = stmt.targets[0].id, stmt.value
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            target, node = stmt.target.id, stmt.value
-        else:
-            continue
+    for _stmt, target, node in _name_assignments(ast.parse(source)):
         sign = 1.0
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             sign, node = -1.0, node.operand
@@ -111,15 +110,8 @@ def rewrite_constants(source: str, new_values: dict[str, int | float]) -> str:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     edits: list[tuple[int, int, int, int, str]] = []
-    for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            name = stmt.targets[0].id
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            name = stmt.target.id
-        else:
-            continue
+    for _stmt, name, value in _name_assignments(tree):
         if name in new_values:
-            value = stmt.value
             edits.append((value.lineno, value.col_offset, value.end_lineno, value.end_col_offset,
                           _literal(new_values[name])))
     # Apply from the end so earlier offsets stay valid.

@@ -244,8 +244,9 @@ class ReferenceBuilder:
     def _constructor_arguments(self) -> dict[str, float | int]:
         """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
         slope, clamp bounds; ``varied_scalar``) and integers below 4, which the odd sizes leave
-        alone (kernel sizes, strides, paddings, dilations: one step away from zero). A kernel that writes the problem's values in instead of reading its constructor's
-        arguments is right at those values only. Each change is kept only if the problem still
+        alone (kernel sizes, strides, paddings, dilations: one step away from zero). A kernel that
+        writes the problem's values in instead of reading its constructor's arguments is right at
+        those values only. Each change is kept only if the problem still
         runs on the meta device with the ones kept before it."""
         import torch
 
@@ -286,7 +287,8 @@ class ReferenceBuilder:
             except Exception as exc:  # noqa: BLE001
                 self.skipped.append(f"shape {changed}: problem failed to load ({type(exc).__name__})")
                 continue
-            if self.try_add("shape_" + "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items()), "shape", module, seed):
+            label = "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items())
+            if self.try_add("shape_" + label, "shape", module, seed):
                 return
         if not attempts:
             self.skipped.append("shape: no module-level size constant to vary")

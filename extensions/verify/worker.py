@@ -143,9 +143,14 @@ class Models:
         self.param_noise = param_noise
         self._built: dict[int, Any] = {}
 
-    def param_keys(self, index: int) -> list[str]:
+    def add_parameter_noise(self, model, index: int, reference: bool) -> None:
+        """The noise the reference's constant-initialised parameters were given (param_noise.py),
+        on ``model`` built from constructor-argument set ``index``."""
+        from .param_noise import apply_parameter_noise
+
         keys = self.param_noise.get("keys") or []
-        return keys[index] if index < len(keys) else []
+        apply_parameter_noise(model, int(self.param_noise.get("seed", 0)), keys[index] if index < len(keys) else [],
+                              reference=reference)
 
     def get(self, index: int):
         """(model, construction flags); raises what the constructor raised."""
@@ -153,10 +158,7 @@ class Models:
             return self._built[index], []
         with self.audit.construction() as report:
             model = build_model(self.model_cls, self.inits[index], self.seed, self.device)
-        # The reference's constant-initialised parameters were given this noise (param_noise.py).
-        from .param_noise import apply_parameter_noise
-
-        apply_parameter_noise(model, int(self.param_noise.get("seed", 0)), self.param_keys(index), reference=False)
+        self.add_parameter_noise(model, index, reference=False)
         self._built[index] = model
         return model, list(report.flags)
 
@@ -257,9 +259,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> d
         problem = load_problem(read_checked(timing["problem_file"], timing["problem_sha256"]).decode())
         torch.manual_seed(int(job["seed"]))
         reference = problem.Model(*models.inits[0]).to(device)
-        from .param_noise import apply_parameter_noise
-
-        apply_parameter_noise(reference, int(models.param_noise.get("seed", 0)), models.param_keys(0), reference=True)
+        models.add_parameter_noise(reference, 0, reference=True)
         model, _flags = models.get(0)
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
