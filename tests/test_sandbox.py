@@ -321,3 +321,33 @@ def test_a_file_altered_after_it_was_hashed_is_refused_before_use(tmp_path):
     proc.wait(60)
     assert status["sandbox_error"] and not status["ok"] and "set_0.in.safetensors" in status["error"]
     assert not (intact_dir / "set_0.safetensors").exists()
+
+
+def test_process_tree_from_the_kernels_children_lists_matches_a_full_scan():
+    """The memory watch and the kill walk a candidate's tree down through the kernel's per-thread
+    children lists; it must find what a scan of every process finds: children of every thread,
+    grandchildren, and not an orphan that left the tree."""
+    from extensions.verify import proctree
+
+    script = ("import os, subprocess, sys, threading, time\n"
+              "subprocess.Popen(['sleep', '30'])\n"
+              "t = threading.Thread(target=lambda: subprocess.Popen(['sh', '-c', 'sleep 30 & sleep 30']))\n"
+              "t.start(); t.join()\n"
+              "subprocess.Popen(['sh', '-c', '(sleep 2 &)'])\n"
+              "print('ready', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the orphaning shell exits on its own
+            walked = proctree.descendants(proc.pid)
+            scanned = proctree.descendants(proc.pid, proctree.children_map())
+            if sorted(walked) == sorted(scanned) and len(walked) >= 4:
+                break
+            time.sleep(0.05)
+        assert sorted(walked) == sorted(scanned), (walked, scanned)
+        assert len(walked) >= 4  # sleep, the thread's shell and its two sleeps
+    finally:
+        proctree.kill_tree(proc.pid)
+        proc.wait()
+    assert proctree.descendants(proc.pid) == []

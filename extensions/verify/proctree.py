@@ -59,9 +59,43 @@ def children_map() -> dict[int, list[int]]:
     return tree
 
 
+def _children_of(pid: int) -> Optional[list[int]]:
+    """``pid``'s children from the kernel's per-thread lists (``/proc/PID/task/TID/children``), or
+    None where a list cannot be read (a kernel without them, a permission): then only a scan of
+    every process is to be trusted. A process or thread that exits meanwhile has no children."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    children: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                children.extend(int(child) for child in fh.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread (or the process) is gone
+            return None  # the file does not exist: no such lists in this kernel
+        except (OSError, ValueError):
+            return None
+    return children
+
+
 def descendants(root: int, tree: Optional[dict[int, list[int]]] = None) -> list[int]:
-    """Every process below ``root`` (not ``root`` itself), parents before children."""
-    tree = children_map() if tree is None else tree
+    """Every process below ``root`` (not ``root`` itself), parents before children. Walked down
+    from ``root`` through the kernel's children lists: a scan of every process on the machine
+    (the fallback) costs tens of milliseconds on a busy host, and the memory watch asks often."""
+    if tree is None:
+        found, stack = [], [root]
+        while stack:
+            children = _children_of(stack.pop())
+            if children is None:
+                return descendants(root, children_map())
+            found.extend(children)
+            stack.extend(children)
+        return found
     found, stack = [], list(tree.get(root, []))
     while stack:
         pid = stack.pop()
