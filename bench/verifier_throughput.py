@@ -20,6 +20,7 @@ candidate down by phase (``details["phase_s"]``: the parent's and the worker's).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -220,6 +221,11 @@ def phase_breakdown(results) -> dict:
                 sums[f"{side}.{name}"] = sums.get(f"{side}.{name}", 0.0) + seconds
     prepare = [s for s in {r.details.get("problem_prepare_s") for r in ran} if s is not None]
     means = {name: total / len(ran) for name, total in sums.items()} if ran else {}
+    # Each problem's reference phases once (every candidate of a problem carries the same dict).
+    distinct = {json.dumps(r.details.get("problem_prepare_phases") or {}, sort_keys=True) for r in ran}
+    per_problem = [json.loads(d) for d in distinct if d != "{}"]
+    for name in sorted({n for d in per_problem for n in d}):
+        means[f"reference.{name}"] = sum(d.get(name, 0.0) for d in per_problem) / len(per_problem)
     seeds = sorted({r.details["triton_cache_seed"] for r in ran if r.details.get("triton_cache_seed")})
     return {"candidates": len(ran), "phases": means,
             "prepare_s": sum(prepare) / len(prepare) if prepare else None, "seed": "; ".join(seeds) or "-"}
@@ -228,8 +234,9 @@ def phase_breakdown(results) -> dict:
 def phase_table(breakdowns: dict) -> str:
     """Mean seconds per worker-run candidate and phase, one column per verifier mode."""
     keys = list(breakdowns)
+    order = ("parent.", "worker.", "reference.")
     names = sorted({name for b in breakdowns.values() for name in b["phases"]},
-                   key=lambda n: (not n.startswith("parent."), n))
+                   key=lambda n: (next((i for i, p in enumerate(order) if n.startswith(p)), 3), n))
     lines = ["| phase (mean s per candidate that ran) | " + " | ".join(keys) + " |",
              "|---|" + "---:|" * len(keys)]
     for name in names:
@@ -240,6 +247,40 @@ def phase_table(breakdowns: dict) -> str:
     lines.append("| candidates that ran a worker | " + " | ".join(str(b["candidates"]) for b in breakdowns.values()) + " |")
     lines.append("| pre-built Triton cache | " + " | ".join(b["seed"] for b in breakdowns.values()) + " |")
     return "\n".join(lines)
+
+
+def timeline_table(results) -> str:
+    """Each candidate that ran a worker: when its judging began (its problem's reference ready and a
+    slot's thread free) and ended, in seconds since the batch's workers started: the critical path."""
+    ran = sorted((r for r in results if not r.cached and "batch_span_s" in r.details),
+                 key=lambda r: r.details["batch_span_s"][0])
+    lines = ["| candidate | began s | ended s | took s | stage | correct |", "|---|---:|---:|---:|---|---|"]
+    for r in ran:
+        began, ended = r.details["batch_span_s"]
+        lines.append(f"| {r.candidate} | {began:.1f} | {ended:.1f} | {ended - began:.1f} | {r.stage} | {r.correct} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def timed_close():
+    """When the batch's workers were started, and when closing them began and ended (monotonic)."""
+    from extensions.verify import launcher
+
+    original = launcher.WorkerLauncher.close
+    seconds: list[tuple[float, float, float]] = []
+
+    def close(self):
+        began = time.monotonic()
+        try:
+            return original(self)
+        finally:
+            seconds.append((self.created, began, time.monotonic()))
+
+    launcher.WorkerLauncher.close = close
+    try:
+        yield seconds
+    finally:
+        launcher.WorkerLauncher.close = original
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -289,18 +330,28 @@ def main() -> None:
     batch = build_batch(problems, args.copies)
     workers = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
 
-    rows, breakdowns = [], {}
+    # The first import of torch on a fresh machine reads its libraries from disk; whichever side
+    # ran first would pay for it. Both start from the same warm file cache instead.
+    subprocess.run([sys.executable, "-c", "import torch, triton, torch._inductor.config"], check=False)
+    rows, breakdowns, timelines, ends = [], {}, {}, {}
     for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if key not in VERIFIER_MODES:
             parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
         mode, fork_server, prebuilt_cache = VERIFIER_MODES[key]
         config.fork_server, config.prebuilt_triton_cache = fork_server, prebuilt_cache
         started = time.monotonic()
-        results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
-                               device=args.device, progress=True)
+        with timed_close() as closing:
+            results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
+                                   device=args.device, progress=True)
         wall = time.monotonic() - started
+        last_end = max((r.details["batch_span_s"][1] for r in results if "batch_span_s" in r.details), default=None)
+        if closing:
+            created, began, ended = (t - started for t in closing[0])
+            ends[key] = (f"{key}: workers started {created:.1f}s after the call, last verdict at {created + last_end:.1f}s, "
+                         f"closing the workers from {began:.1f}s to {ended:.1f}s, returned at {wall:.1f}s")
         summary = summarize_results(results)
         breakdowns[key] = phase_breakdown(results)
+        timelines[key] = timeline_table(results)
         rows.append({
             "mode": mode, "device": args.device, "candidates": len(batch),
             "processes": summary["per_stage_reached"]["static"] - summary["cached"],
@@ -325,6 +376,10 @@ def main() -> None:
     print(f"\nrejected early by the verifier (last verifier run): {json.dumps(summary['rejected_at'])}")
     if breakdowns:
         print("\n" + phase_table(breakdowns))
+    for key, table in timelines.items():
+        print(f"\nTimeline of {key}:\n{table}")
+    if ends:
+        print("\nBatch start and end (seconds since verify_batch was called):\n" + "\n".join(ends.values()))
 
 
 if __name__ == "__main__":

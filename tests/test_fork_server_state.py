@@ -73,3 +73,32 @@ def test_a_stopped_server_is_replaced(ctx, isolation):
 def test_lowered_limits_and_priority_do_not_reach_the_next_child(ctx, isolation):
     _poisoner, honest = _judge_in_turn(ctx, isolation, [LOWERS_ITS_SERVERS_LIMITS, _honest_checker()])
     assert honest.correct, honest.error
+
+
+@BOTH_MODES
+def test_children_are_forked_ahead_only_for_candidates_still_to_come(ctx, isolation, monkeypatch):
+    """With two servers per slot, each forks a child ahead while the other's runs; a child forked
+    for a candidate that never comes would start CUDA for nothing on a GPU and take seconds to go
+    when the batch closes. Three candidates: three children, none left waiting at the end."""
+    from extensions.verify.forkserver import ForkServer
+
+    forked = []
+    original = ForkServer.fork
+
+    def counting_fork(self, directory, inside):
+        forked.append(directory)
+        return original(self, directory, inside)
+
+    monkeypatch.setattr(ForkServer, "fork", counting_fork)
+    config = dataclasses.replace(ctx.config, timeout_s=30, fork_servers_per_slot=2)
+    launcher = WorkerLauncher(config, "cpu", isolation, ctx.root, total=3, prespawn=False, slots=[None])
+    try:
+        results = [judge_candidate(candidate(), ctx.prepared, config, "cpu", ctx.pool, isolation, ctx.root, f"c{i}",
+                                   launcher=launcher) for i in range(3)]
+        assert all(r.correct for r in results), [r.error for r in results]
+        for server in launcher._servers:
+            server.prefork_done.wait(10)
+        assert len(forked) == 3, forked
+        assert all(server.next_worker is None for server in launcher._servers)
+    finally:
+        launcher.close()

@@ -482,11 +482,15 @@ def test_scaled_up_set_records_its_output_scale():
     assert _rms(torch.tensor([1, 2])) == 0.0  # integer outputs carry no rounding noise
 
 
-def test_input_files_are_serialized_once_per_problem_and_the_budget_is_given_back():
-    """Candidates of one problem get byte-identical input files from one serialization; a freed
-    problem returns its share of the cache budget."""
+def test_input_files_are_made_once_per_problem_from_the_parents_own_copy():
+    """Candidates of one problem get byte-identical input files, made once (a second asker, also
+    one that asks while the first is still hashing, gets the same payload); the payload refers to
+    the parent's copy of the inputs instead of copying it, and only a set that had to be copied
+    (a dtype written through safetensors) counts against the cache budget, given back when the
+    problem is freed."""
     import gc
     import hashlib
+    import threading
 
     import torch
     from safetensors.torch import load
@@ -495,15 +499,74 @@ def test_input_files_are_serialized_once_per_problem_and_the_budget_is_given_bac
     from extensions.verify.reference_data import PreparedProblem
 
     before = candidate_run._payload_bytes[0]
-    prepared = PreparedProblem(ok=True, inputs={"a": torch.arange(1000.0), "b": torch.ones(3, 4)})
+    prepared = PreparedProblem(ok=True, inputs={"a": torch.arange(1000.0), "b": torch.ones(3, 4),
+                                                "z": torch.ones(3, dtype=torch.complex64)})
     specs = [{"tensor": "a"}, {"tensor": "b"}]
-    first = candidate_run._input_payload(prepared, specs)
-    second = candidate_run._input_payload(prepared, specs)
-    assert second is first and len(prepared.handover_cache) == 1
-    loaded = load(first[0])
+    got = []
+
+    def ask(problem):
+        got.append(candidate_run._input_payload(problem, specs))
+
+    askers = [threading.Thread(target=ask, args=(prepared,)) for _ in range(4)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join()
+    first = got[0]
+    assert all(payload is first for payload in got) and len(prepared.handover_cache) == 1
+    data = b"".join(first[0])
+    loaded = load(data)
     assert torch.equal(loaded["in0"], prepared.inputs["a"]) and torch.equal(loaded["in1"], prepared.inputs["b"])
-    assert first[1] == hashlib.sha256(first[0]).hexdigest()
-    assert candidate_run._payload_bytes[0] == before + len(first[0])
-    del prepared, first, second
+    assert first[1] == hashlib.sha256(data).hexdigest()
+    assert candidate_run._payload_bytes[0] == before  # views, not copies
+    views = [part for part in first[0] if isinstance(part, memoryview)]
+    assert any(torch.frombuffer(view, dtype=torch.uint8).data_ptr() == prepared.inputs["a"].data_ptr()
+               for view in views)
+    copied = candidate_run._input_payload(prepared, [{"tensor": "z"}])
+    assert torch.equal(load(b"".join(copied[0]))["in0"], prepared.inputs["z"])
+    assert candidate_run._payload_bytes[0] == before + len(copied[0][0])
+    del prepared, first, copied, views
+    got.clear()
     gc.collect()
     assert candidate_run._payload_bytes[0] == before
+
+
+
+
+def test_tensor_files_are_safetensors_written_and_read_in_place(tmp_path):
+    """The worker and the parent write tensor files straight from the tensors' memory and the
+    worker reads handed files in place; both must stay plain safetensors files (any reader
+    loads them) for every dtype a problem uses, with each tensor aligned to its element size."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load, save
+
+    from extensions.verify.handed_files import read_checked_buffer
+    from extensions.verify.tensor_io import TensorIOError, save_tensors, tensor_bytes, tensors_in_buffer
+
+    tensors = {"f32": torch.randn(3, 5), "f64": torch.randn(2).double(), "f16": torch.randn(7).half(),
+               "bf16": torch.randn(2, 2).bfloat16(), "i64": torch.arange(3), "i8": torch.tensor([1, -2, 3], dtype=torch.int8),
+               "u8": torch.tensor([255], dtype=torch.uint8), "bool": torch.tensor([True, False, True]),
+               "scalar": torch.tensor(2.5), "empty": torch.empty(0, 4)}
+    data = tensor_bytes(tensors)
+    assert len(data) == len(save(tensors))
+    for back in (load(data), tensors_in_buffer(bytearray(data))):
+        assert set(back) == set(tensors)
+        for name, tensor in tensors.items():
+            assert back[name].dtype == tensor.dtype and back[name].shape == tensor.shape and torch.equal(back[name], tensor)
+    in_place = tensors_in_buffer(buffer := bytearray(data))
+    base = torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()
+    for tensor in in_place.values():
+        if tensor.numel():
+            assert (tensor.data_ptr() - base) % tensor.element_size() == 0
+            assert base <= tensor.data_ptr() < base + len(buffer)  # a view, not a copy
+    complex_file = save({"z": torch.ones(2, dtype=torch.complex64)})  # not written here: parsed by safetensors
+    assert torch.equal(tensors_in_buffer(bytearray(complex_file))["z"], torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(TensorIOError):
+        tensors_in_buffer(bytearray(b"\x10" + b"\x00" * 7 + b"not json"))
+    path = tmp_path / "t.safetensors"
+    save_tensors(str(path), tensors)
+    written = path.read_bytes()
+    assert written == data and torch.equal(load(written)["bf16"], tensors["bf16"])
+    assert read_checked_buffer(str(path), hashlib.sha256(written).hexdigest()) == bytearray(written)

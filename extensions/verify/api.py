@@ -224,6 +224,7 @@ _NO_GATE = _GpuGate()
 def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Optional[str] = None,
                  progress: bool = True) -> list[VerifyResult]:
     """Judge every request; results in the same order. See the module docstring."""
+    from .candidate_run import stage_handover
     from .judge import ProblemPreparer, WorkerLauncher, judge_candidate
 
     config = _verifier_config(config)
@@ -256,7 +257,15 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
         # problem is ready (references need no worker slot: they are trusted and short).
         with ThreadPoolExecutor(max_workers=pool.size) as executor, \
                 ThreadPoolExecutor(max_workers=_preparing_threads(device, pool, len(problems))) as preparing:
-            prepared = {key: preparing.submit(preparer.prepare, code) for key, code in problems.items()}
+            timing = device == "cuda" and config.enable_calibrated_timing
+
+            def prepare(code: str):
+                problem = preparer.prepare(code)
+                if problem.ok:  # the input files every candidate gets, made while the first ones start
+                    threading.Thread(target=stage_handover, args=(problem, timing), daemon=True).start()
+                return problem
+
+            prepared = {key: preparing.submit(prepare, code) for key, code in problems.items()}
 
             def judge(item: _Screened) -> VerifyResult:
                 try:

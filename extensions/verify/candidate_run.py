@@ -8,12 +8,14 @@ time the candidate.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from typing import Any, Optional
 
 from .compare import compare_outputs, inputs_unchanged
@@ -24,7 +26,7 @@ from .reference_data import PreparedProblem
 from .result import VerifyResult
 from .reward import is_cheating
 from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, unpack
+from .tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
 from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
 
 
@@ -46,8 +48,9 @@ class CandidateRun:
 
     def __init__(self, code: str, prepared: PreparedProblem, config, device: str, gpu: Optional[int],
                  proc: SandboxedProcess, result: VerifyResult, timing: bool,
-                 clock: Optional[PhaseClock] = None):
+                 clock: Optional[PhaseClock] = None, gate=None):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
+        self.gate = gate  # the GPU's readers/writer gate (``api._GpuGate``); None: no other user
         self.result, self.proc = result, proc
         self.clock = clock or PhaseClock()  # the parent's side of each set, for the phase table
         self.worker_phases: dict[str, float] = {}
@@ -62,7 +65,7 @@ class CandidateRun:
         else:
             timing = None
         init_tensors: dict[str, Any] = {}
-        inits = [pack(unpack(spec, prepared.inputs), f"init{i}", init_tensors)
+        inits = [pack(unpack(spec, prepared.inputs), f"init{i}", init_tensors, copy=False)
                  for i, spec in enumerate(prepared.inits)]
         init_sha = write_private(os.path.join(sandbox_dir, "init.safetensors"), tensor_bytes(init_tensors))
         job = {
@@ -89,13 +92,18 @@ class CandidateRun:
             "shuffle_programs": self.device == "cpu" and kind not in ("tiny", "base"),
         }
 
+    def gpu_shared(self):
+        """Held while the worker uses the GPU for correctness (shared with other such runs)."""
+        return self.gate.shared() if self.gate is not None else contextlib.nullcontext()
+
     def hand_over_inputs(self, stem: str, values_specs: list, **fields) -> str:
         """Write the values of ``values_specs`` into the sandbox as ``stem``.safetensors plus
         ``stem``.json (their structure and ``fields``; written last, atomically). Returns the
         hashes of both ("<tensors> <json>"), for the command that announces them."""
-        data, tensors_sha, packed = _input_payload(self.prepared, values_specs)
+        parts, tensors_sha, packed = _input_payload(self.prepared, values_specs)
         with open(self.proc.path(stem + ".safetensors"), "wb") as fh:
-            fh.write(data)
+            for part in parts:
+                fh.write(part)
         tmp = self.proc.path(stem + ".json.tmp")
         json_sha = write_private(tmp, json.dumps({"values": packed, **fields}).encode())
         os.replace(tmp, self.proc.path(stem + ".json"))
@@ -139,8 +147,8 @@ class CandidateRun:
                 deadline = self._wide_set_deadline(deadline)
             with self.clock.phase("sets.hand_over_inputs"):
                 hashes = self.hand_over_inputs(f"set_{index}.in", [set_info["inputs"]])
-            self.proc.send_line(f"run {hashes}")
-            with self.clock.phase("sets.wait_worker"):
+            with self.clock.phase("sets.wait_worker"), self.gpu_shared():
+                self.proc.send_line(f"run {hashes}")
                 status = self.wait(f"set_{index}.json", deadline, phase)
             if status is None:
                 return False
@@ -231,9 +239,8 @@ class CandidateRun:
         return True
 
     def _hand_over_timing_inputs(self) -> str:
-        indices = [i for i, s in enumerate(self.prepared.sets) if s["timing"]]
-        return self.hand_over_inputs("timing.in", [self.prepared.sets[i]["inputs"] for i in indices],
-                                     sets=indices)
+        indices, specs = _timing_inputs(self.prepared)
+        return self.hand_over_inputs("timing.in", specs, sets=indices)
 
     def time_candidate(self) -> None:
         result, cfg = self.result, self.config
@@ -286,39 +293,84 @@ class CandidateRun:
                 result.stage = "timing"
 
 
-# Every candidate of a problem gets the same input files: serializing and hashing them once per
-# batch, not once per candidate, takes seconds off each candidate of a GPU-sized problem. The bytes
-# stay in this process (a file another process of the user could rewrite would turn into false
-# rejects of honest siblings) under a budget across all problems; past it, sets are serialized
-# per candidate as before.
+# Every candidate of a problem gets the same input files: their bytes and SHA-256 are made once per
+# batch, not once per candidate (hashing alone is about 0.1 s per 100 MB set). A payload is the
+# safetensors header plus views of the parent's own copy of the inputs, which nothing writes to, so
+# keeping it costs no memory; only a set that had to be serialized as a copy (a dtype the direct
+# writer does not handle) counts against a budget, past which it is serialized per candidate.
+# Nothing is written to a shared file: another process of the user could rewrite it, and honest
+# siblings would be rejected.
 _PAYLOAD_BUDGET_BYTES = 2 << 30
 _payload_lock = threading.Lock()
 _payload_bytes = [0]
 
 
-def _input_payload(prepared: PreparedProblem, values_specs: list) -> tuple[bytes, str, list]:
-    """The safetensors bytes of ``values_specs``, their SHA-256 and their packed structure."""
+def _input_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list, str, list]:
+    """The safetensors file of ``values_specs`` as a list of buffers, its SHA-256 and the packed
+    structure. Made once per problem and key: a second asker waits for the first one's."""
     key = json.dumps(values_specs, sort_keys=True)
     with _payload_lock:
-        cached = prepared.handover_cache.get(key)
-    if cached is not None:
-        return cached
-    tensors: dict[str, Any] = {}
-    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors) for i, spec in enumerate(values_specs)]
-    data = tensor_bytes(tensors)
-    payload = (data, hashlib.sha256(data).hexdigest(), packed)
+        pending = prepared.handover_cache.get(key)
+        owner = pending is None
+        if owner:
+            pending = prepared.handover_cache[key] = Future()
+    if not owner:
+        return pending.result()
+    try:
+        payload = _build_payload(prepared, values_specs)
+    except BaseException as exc:
+        with _payload_lock:
+            prepared.handover_cache.pop(key, None)
+        pending.set_exception(exc)
+        raise
+    parts = payload[0]
+    copied = len(parts[0]) if len(parts) == 1 else 0  # one part: serialized as a copy (``tensor_parts``)
     with _payload_lock:
-        if key not in prepared.handover_cache and _payload_bytes[0] + len(data) <= _PAYLOAD_BUDGET_BYTES:
-            if not prepared.handover_cache:  # the budget is given back when the problem is freed
-                weakref.finalize(prepared, _release_payloads, prepared.handover_cache)
-            prepared.handover_cache[key] = payload
-            _payload_bytes[0] += len(data)
+        if _payload_bytes[0] + copied > _PAYLOAD_BUDGET_BYTES:
+            prepared.handover_cache.pop(key, None)  # those waiting get it; later askers make their own
+        elif copied:
+            if not prepared.handover_copied:  # the budget is given back when the problem is freed
+                weakref.finalize(prepared, _release_payloads, prepared.handover_copied)
+            prepared.handover_copied.append(copied)
+            _payload_bytes[0] += copied
+    pending.set_result(payload)
     return payload
 
 
-def _release_payloads(cache: dict) -> None:
+def _build_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list, str, list]:
+    tensors: dict[str, Any] = {}
+    # Views of the parent's own copy: no second copy first.
+    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors, copy=False)
+              for i, spec in enumerate(values_specs)]
+    parts = tensor_parts(tensors)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return parts, digest.hexdigest(), packed
+
+
+def _release_payloads(copied: list) -> None:
     with _payload_lock:
-        _payload_bytes[0] -= sum(len(data) for data, _sha, _packed in cache.values())
+        _payload_bytes[0] -= sum(copied)
+
+
+def _timing_inputs(prepared: PreparedProblem) -> tuple[list[int], list]:
+    """The sets the timer rotates through: their indices and their inputs' specs."""
+    indices = [i for i, s in enumerate(prepared.sets) if s["timing"]]
+    return indices, [prepared.sets[i]["inputs"] for i in indices]
+
+
+def stage_handover(prepared: PreparedProblem, timing: bool) -> None:
+    """Make every payload of ``prepared`` in the order candidates ask for them (each set's inputs,
+    then the timing sets'), ahead of the candidates: started when the problem's reference data is
+    ready, so the first candidate does not make them itself while it waits for its worker."""
+    try:
+        for set_info in prepared.sets:
+            _input_payload(prepared, [set_info["inputs"]])
+        if timing:
+            _input_payload(prepared, _timing_inputs(prepared)[1])
+    except Exception:  # noqa: BLE001 - a candidate that asks again gets the error in its verdict
+        pass
 
 
 def _plain_config(config) -> dict:

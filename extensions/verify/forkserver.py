@@ -236,6 +236,7 @@ class ForkServer:
         # The child forked ahead of its candidate (``WorkerLauncher``), and whether forking it is done.
         self.next_worker: Optional["ForkedWorker"] = None
         self.prefork_done = threading.Event()
+        self.forked_ahead = False  # counted among the launcher's children forked ahead
         threading.Thread(target=self._read_events, daemon=True).start()
 
     def _read_events(self) -> None:
@@ -349,14 +350,21 @@ class ForkServer:
     def output(self) -> tuple[bytes, int, bytes, int]:
         return bytes(self._out.kept), self._out.total, bytes(self._err.kept), self._err.total
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Kill the server and everything below it; ``wait=False`` leaves the wait for its exit to
+        ``wait_closed`` (a child with a CUDA context takes a second or more to go: servers closed
+        together wait for theirs at the same time)."""
         try:
             self.proc.stdin.close()
         except (OSError, ValueError):
             pass
         proctree.kill_tree(self.proc.pid)
+        if wait:
+            self.wait_closed()
+
+    def wait_closed(self, timeout: float = 10) -> None:
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
 

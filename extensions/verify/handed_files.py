@@ -29,6 +29,17 @@ def read_checked(name: str, expected_sha: str) -> bytes:
     return data
 
 
+def read_checked_buffer(name: str, expected_sha: str) -> bytearray:
+    """``read_checked`` into a writable buffer, for tensors used in place (``tensors_in_buffer``)."""
+    data = bytearray(os.path.getsize(name))
+    with open(name, "rb") as fh:
+        if fh.readinto(data) != len(data) or fh.read(1):
+            raise AlteredFile(f"{name} changed size while it was read")
+    if hashlib.sha256(data).hexdigest() != expected_sha:
+        raise AlteredFile(f"{name} was altered by another process")
+    return data
+
+
 def read_job(hashes: list[str]) -> tuple[dict, list, bytes]:
     """The job, the init inputs (both deleted once read: no input exists while the candidate is
     imported and built) and the candidate's checked bytes. ``hashes``: job, init, candidate."""
@@ -51,14 +62,12 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     """The values the parent handed over as ``stem``.safetensors + ``stem``.json (deleted once
     read: a set's inputs exist only from just before its run), and the JSON's other fields.
     ``hashes`` (tensors, JSON) came with the command that announced them."""
-    from safetensors.torch import load as load_tensor_bytes
-
-    from .tensor_io import unpack
+    from .tensor_io import tensors_in_buffer, unpack
 
     if len(hashes) != 2:
         raise AlteredFile(f"no hashes came with {stem}")
     handed = json.loads(read_checked(stem + ".json", hashes[1]))
-    tensors = load_tensor_bytes(read_checked(stem + ".safetensors", hashes[0]))
+    tensors = tensors_in_buffer(read_checked_buffer(stem + ".safetensors", hashes[0]))
     for suffix in (".json", ".safetensors"):
         os.remove(stem + suffix)
     values = [unpack(spec, tensors, device if device != "cpu" else None) for spec in handed.pop("values")]

@@ -26,7 +26,8 @@ __all__ = ["ProblemPreparer", "PreparedProblem", "WorkerLauncher", "draw_secret"
 
 
 def _judge_correctness(run: CandidateRun, result: VerifyResult, deadline: float) -> bool:
-    compiled = run.wait("compile.json", deadline, "compile")
+    with run.gpu_shared():
+        compiled = run.wait("compile.json", deadline, "compile")
     if compiled is None:
         return False
     add_flags(result, compiled.get("flags"))
@@ -60,6 +61,7 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     if own_launcher:
         launcher = WorkerLauncher(config, device, isolation, work_root, total=1, prespawn=False)
     clock = PhaseClock()
+    began = time.monotonic()
     gpu = pool.acquire()
     run = None
     proc = None
@@ -68,15 +70,17 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     hidden = verifier_undumpable() if isolation == "process" else contextlib.nullcontext()
     hidden.__enter__()
     try:
-        with gate.shared():  # other correctness runs may share this GPU; timing may not
-            timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
-            with clock.phase("take_worker"):
-                proc = launcher.take(gpu)
-            with clock.phase("hand_over_job"):
-                run = CandidateRun(code, prepared, config, device, gpu, proc, result, timing, clock)
-            deadline = time.monotonic() + config.timeout_s
-            with clock.phase("correctness"):
-                passed = _judge_correctness(run, result, deadline)
+        timing = (device == "cuda" and config.enable_calibrated_timing) or timing_on_cpu
+        with clock.phase("take_worker"):
+            proc = launcher.take(gpu)
+        with clock.phase("hand_over_job"):
+            # Other correctness runs may share this GPU, timing may not: the gate is held while the
+            # worker builds the candidate and while it runs each input set, so a timing run waits
+            # for the set in flight, not for a whole candidate's sets and their comparisons.
+            run = CandidateRun(code, prepared, config, device, gpu, proc, result, timing, clock, gate=gate)
+        deadline = time.monotonic() + config.timeout_s
+        with clock.phase("correctness"):
+            passed = _judge_correctness(run, result, deadline)
         wants_timing = timing and (
             passed or (result.passed("compile") and not config.staged_skip_timing_on_failure))
         if wants_timing and not is_cheating(result.flags) and run.proc.poll() is None:
@@ -103,6 +107,10 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
             launcher.close()
     result.details["phase_s"] = {"parent": clock.as_dict(), "worker": run.worker_phases if run else {}}
     result.details["problem_prepare_s"] = round(prepared.seconds, 3)
+    result.details["problem_prepare_phases"] = prepared.phases
+    # When this candidate waited for a slot and when it was done, in seconds since the batch's
+    # workers started: the batch's critical path, for the throughput benchmark.
+    result.details["batch_span_s"] = [round(began - launcher.created, 3), round(time.monotonic() - launcher.created, 3)]
     if launcher.triton_seed is not None:
         result.details["triton_cache_seed"] = launcher.triton_seed.note
     result.correct = result.stage in ("full", "timing") and not is_cheating(result.flags)

@@ -54,11 +54,13 @@ class WorkerLauncher:
     def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool,
                  slots: Optional[list[Optional[int]]] = None):
         self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
+        self.created = time.monotonic()
         self.use_fork_server = bool(getattr(config, "fork_server", True))
         self.prespawn = prespawn and not self.use_fork_server
         self.pythonpath = private_code_copy(work_root) if isolation == "process" else None
         self.memory_limit_kb = max(0, int(getattr(config, "memory_limit_mb", 0))) * 1024
         self._to_start = total
+        self._ahead = 0  # children forked (or being forked) ahead that no candidate has taken yet
         self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
         self._idle: dict[Optional[int], list[ForkServer]] = {}
         self._servers: list[ForkServer] = []
@@ -76,6 +78,7 @@ class WorkerLauncher:
             for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
                 server = self._start_server(gpu)
                 self._idle.setdefault(gpu, []).append(server)
+                self._count_ahead(server)
                 threading.Thread(target=self._prefork, args=(server,), daemon=True).start()
 
     # -- the pre-built Triton cache ----------------------------------------------------------------
@@ -136,6 +139,17 @@ class WorkerLauncher:
             device=self.device, gpu_index=gpu, isolation=self.isolation,
             max_output_bytes=self.config.max_output_bytes, pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
 
+    def _count_ahead(self, server: ForkServer) -> None:
+        with self._lock:
+            self._ahead += 1
+            server.forked_ahead = True
+
+    def _taken_ahead(self, server: ForkServer) -> None:
+        with self._lock:
+            if server.forked_ahead:
+                server.forked_ahead = False
+                self._ahead -= 1
+
     def _prefork(self, server: ForkServer) -> None:
         """Fork the server's next child now, in a fresh directory of its own: it starts CUDA and
         the profiler while the slot's other server runs a candidate. Nothing else runs in this
@@ -155,6 +169,7 @@ class WorkerLauncher:
             idle = self._idle.get(gpu) or []
             server = idle.pop(0) if idle else None  # the longest idle: its child has warmed up longest
         if server is not None and (not server.alive or server.stopped()):
+            self._taken_ahead(server)
             server.close()
             server = None
         if server is None:  # none left for this slot (one died): a new one, forked on demand
@@ -170,6 +185,7 @@ class WorkerLauncher:
         for _attempt in range(3):
             server = self._take_server(gpu)
             server.prefork_done.wait(max(60.0, self.config.timeout_s))
+            self._taken_ahead(server)
             worker, server.next_worker = server.next_worker, None
             if worker is None:
                 directory = self.candidate_dir(server)
@@ -221,9 +237,12 @@ class WorkerLauncher:
         if server is not None and server.alive:
             server.prefork_done.clear()
             with self._lock:
-                more = self._to_start > 0
+                # Only as many children ahead as candidates are left to take one: a child forked
+                # for nobody starts CUDA for nothing, and takes seconds to go when the batch ends.
+                more = reuse and self._to_start > self._ahead
                 self._idle.setdefault(gpu, []).append(server)
-            if more and reuse:
+            if more:
+                self._count_ahead(server)
                 self._prefork(server)
             else:
                 server.prefork_done.set()
@@ -242,7 +261,9 @@ class WorkerLauncher:
         for proc in spares:
             self.discard(proc)
         for server in servers:
-            server.close()
+            server.close(wait=False)
+        for server in servers:
+            server.wait_closed()
         # Every candidate is dead now: nothing can refill a directory any more.
         with self._lock:
             left = list(self._dirs)

@@ -59,8 +59,11 @@ class PreparedProblem:
     param_seed: int = 0  # ``param_noise``: the seed and, per init index, the reference's keys
     param_keys: list = field(default_factory=list)
     seconds: float = 0.0  # the reference process's wall time (once per problem per batch)
+    # Where that time went: the reference's own phases (import, build, save) and the parent's load
+    phases: dict = field(default_factory=dict)
     # The serialized input files handed to every candidate of this problem (candidate_run)
     handover_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    handover_copied: list = field(default_factory=list, repr=False, compare=False)  # bytes those hold
 
 
 class ProblemPreparer:
@@ -104,12 +107,17 @@ class ProblemPreparer:
             return PreparedProblem(False, tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
         with open(prepared_path) as fh:
             data = json.load(fh)
+        loading = time.monotonic()
+        inputs = _private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors")))
+        expected = _private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors")))
+        phases = {str(k): float(v) for k, v in (data.get("phase_s") or {}).items()}
+        phases["load"] = round(time.monotonic() - loading, 4)
         prepared = PreparedProblem(
             True, directory=job_dir, source=data["problem_source"], init=data["init"],
             inits=data.get("inits") or [data["init"]], sets=data["sets"],
-            inputs=_private_copy(load_tensors(os.path.join(job_dir, "inputs.safetensors"))),
-            expected=_private_copy(load_tensors(os.path.join(job_dir, "expected.safetensors"))),
+            inputs=inputs, expected=expected,
             skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
+            phases=phases,
             param_seed=int(secret["param_seed"]), param_keys=list(data["param_keys"]),
         )
         # Inputs and expected outputs live in the parent's memory only.

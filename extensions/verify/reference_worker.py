@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import types
 from typing import Any, Callable
 
@@ -167,13 +168,29 @@ class ReferenceBuilder:
         self.models.append(model)
         return len(self.inits) - 1
 
+    def draw_inputs(self, module: types.ModuleType, seed: int) -> list:
+        """``module.get_inputs()`` right after ``seed``. On a GPU its tensors are created there (the
+        device made the default for its factory calls): a draw of tens of millions of elements
+        takes a tenth of a second on one CPU thread and well under a millisecond on the GPU. A
+        problem whose inputs cannot be drawn there draws them on the host as written."""
+        import torch
+
+        if self.device != "cpu":
+            torch.manual_seed(seed)
+            try:
+                with torch.device(self.device):
+                    return list(module.get_inputs())
+            except Exception:  # noqa: BLE001 - drawn on the host below
+                pass
+        torch.manual_seed(seed)
+        return list(module.get_inputs())
+
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False) -> bool:
         import torch
 
         try:
             init_index = self.init_index(module)
-            torch.manual_seed(seed)
-            inputs = list(module.get_inputs())
+            inputs = self.draw_inputs(module, seed)
             if transform is not None:
                 inputs = _transform(inputs, transform)
             with torch.no_grad():
@@ -392,10 +409,13 @@ class ReferenceBuilder:
             rewrite_constants(self.original_source, values)) > self.cap
 
 
-def run(job_dir: str, secret: dict) -> None:
+def run(job_dir: str, secret: dict, started: float) -> None:
     import torch
 
     from .tensor_io import save_tensors
+
+    phases = {"import": time.monotonic() - started}
+    mark = time.monotonic()
 
     with open(os.path.join(job_dir, "job.json")) as fh:
         job = json.load(fh)
@@ -405,13 +425,16 @@ def run(job_dir: str, secret: dict) -> None:
     builder = ReferenceBuilder(source, job, secret)
     builder.build()
     init_specs = [pack(init, f"init{i}", builder.tensors) for i, init in enumerate(builder.inits)]
+    phases["build"], mark = time.monotonic() - mark, time.monotonic()
     save_tensors(os.path.join(job_dir, "inputs.safetensors"), builder.tensors)
     save_tensors(os.path.join(job_dir, "expected.safetensors"), builder.expected)
+    phases["save"] = time.monotonic() - mark
     prepared = {
         "problem_source": builder.base_source, "constants": builder.values, "notes": builder.notes,
         "init": init_specs[0], "inits": init_specs, "sets": builder.sets, "skipped": builder.skipped,
         "param_keys": builder.param_keys,
         "shrunk": builder.values != builder.original_values,
+        "phase_s": {name: round(seconds, 4) for name, seconds in phases.items()},
     }
     tmp = os.path.join(job_dir, "prepared.json.tmp")
     with open(tmp, "w") as fh:
@@ -420,13 +443,14 @@ def run(job_dir: str, secret: dict) -> None:
 
 
 def main() -> None:
+    started = time.monotonic()
     if len(sys.argv) != 2:
         sys.exit("usage: python -m extensions.verify.reference_worker JOB_DIR")
     try:
         secret = json.loads(sys.stdin.readline() or "null")
         if not isinstance(secret, dict):
             raise ValueError("no batch secret on stdin")
-        run(sys.argv[1], secret)
+        run(sys.argv[1], secret, started)
     except Exception as exc:  # noqa: BLE001 - reported to the parent in one line
         import traceback
 

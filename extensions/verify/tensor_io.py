@@ -16,23 +16,54 @@ class TensorIOError(ValueError):
     """A value that cannot cross the boundary, or a malformed spec/file."""
 
 
-def pack(value: Any, prefix: str, tensors: dict[str, Any]) -> dict[str, Any]:
+def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True) -> dict[str, Any]:
+    """``value``'s spec; its tensors go into ``tensors`` as contiguous host tensors, copies of the
+    originals (``copy=False``: a tensor already contiguous on the host is taken as it is, for data
+    that is serialized at once and never changed)."""
     import torch
 
     if isinstance(value, torch.Tensor):
         key = f"{prefix}"
         if key in tensors:
             raise TensorIOError(f"duplicate tensor key {key}")
-        tensors[key] = value.detach().to("cpu").contiguous().clone()
+        tensors[key] = host_copy(value) if copy else _on_host(value)
         return {"tensor": key}
     if isinstance(value, (list, tuple)):
         kind = "tuple" if isinstance(value, tuple) else "list"
-        return {kind: [pack(v, f"{prefix}.{i}", tensors) for i, v in enumerate(value)]}
+        return {kind: [pack(v, f"{prefix}.{i}", tensors, copy) for i, v in enumerate(value)]}
     if isinstance(value, JSON_SCALARS):
         return {"value": value}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).replace("torch.", "")}
     raise TensorIOError(f"cannot transfer a value of type {type(value).__name__}")
+
+
+def _on_host(tensor: Any) -> Any:
+    """``tensor`` contiguous in host memory: itself where it already is, else one copy."""
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        return tensor.contiguous()
+    return host_copy(tensor)
+
+
+def host_copy(tensor: Any) -> Any:
+    """A contiguous host copy of ``tensor`` that shares no memory with it. From a GPU the copy
+    lands in page-locked memory (one DMA transfer, several times faster than into pageable memory,
+    and the block is reused by the next copy of the same size)."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.device.type == "cpu":
+        contiguous = tensor.contiguous()
+        return contiguous.clone() if contiguous.data_ptr() == tensor.data_ptr() else contiguous
+    if tensor.layout == torch.strided and tensor.device.type == "cuda":
+        try:
+            pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            pinned.copy_(tensor)
+            return pinned
+        except RuntimeError:  # no page-locked memory to be had: the ordinary copy
+            pass
+    return tensor.to("cpu").contiguous()
 
 
 def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any:
@@ -74,17 +105,117 @@ def flatten_tensors(value: Any) -> list[Any]:
     return []
 
 
-def save_tensors(path: str, tensors: dict[str, Any]) -> None:
-    from safetensors.torch import save_file
+# safetensors' names of the dtypes written by ``_safetensors_parts`` (others go through safetensors).
+_SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}
 
-    save_file(tensors, path)
+
+def _safetensors_parts(tensors: dict[str, Any]) -> list | None:
+    """The safetensors file of ``tensors`` as a list of buffers (the header, then each tensor's own
+    memory, not copied), or None when a tensor is of a dtype or kind not handled here."""
+    import json
+
+    import torch
+
+    header: dict[str, Any] = {}
+    views, offset = [], 0
+    # Larger elements first (as safetensors orders them): every tensor then starts aligned to its
+    # element size, so a reader can use the buffer in place.
+    for name in sorted(tensors, key=lambda n: (-tensors[n].element_size(), n)):
+        tensor = tensors[name]
+        code = _SAFETENSORS_DTYPES.get(str(tensor.dtype).replace("torch.", ""))
+        if code is None or tensor.device.type != "cpu" or tensor.layout != torch.strided \
+                or not tensor.is_contiguous():
+            return None
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": code, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        if size:
+            views.append(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    return [len(text).to_bytes(8, "little"), text, *views]
+
+
+def save_tensors(path: str, tensors: dict[str, Any]) -> None:
+    """Write ``tensors`` as a safetensors file, straight from the tensors' memory."""
+    parts = _safetensors_parts(tensors)
+    if parts is None:
+        from safetensors.torch import save_file
+
+        save_file(tensors, path)
+        return
+    with open(path, "wb") as fh:
+        for part in parts:
+            fh.write(part)
+
+
+def tensor_parts(tensors: dict[str, Any]) -> list:
+    """The safetensors file of ``tensors`` as buffers to write one after another: views of the
+    tensors' own memory where ``save_tensors`` writes them directly, else one serialized copy."""
+    parts = _safetensors_parts(tensors)
+    if parts is None:
+        from safetensors.torch import save
+
+        return [save(tensors)]
+    return parts
 
 
 def tensor_bytes(tensors: dict[str, Any]) -> bytes:
     """The safetensors file of ``tensors`` as bytes (to hash exactly what is written)."""
-    from safetensors.torch import save
+    parts = _safetensors_parts(tensors)
+    if parts is None:
+        from safetensors.torch import save
 
-    return save(tensors)
+        return save(tensors)
+    return b"".join(parts)
+
+
+def tensors_in_buffer(data: bytearray) -> dict[str, Any]:
+    """The tensors of a safetensors file read into ``data``, as views of it (no copy); a file this
+    module did not write (another dtype, unaligned data) is parsed by safetensors instead."""
+    import json
+
+    import torch
+
+    try:
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(bytes(data[8:8 + length]))
+        start = 8 + length
+        names = {code: name for name, code in _SAFETENSORS_DTYPES.items()}
+        tensors = {}
+        for key, entry in header.items():
+            if key == "__metadata__":
+                continue
+            dtype = getattr(torch, names.get(entry["dtype"], ""), None)
+            begin, end = (int(v) for v in entry["data_offsets"])
+            shape = [int(v) for v in entry["shape"]]
+            if not isinstance(dtype, torch.dtype) or not 0 <= begin <= end <= len(data) - start:
+                raise ValueError(key)
+            size = torch.empty((), dtype=dtype).element_size()
+            count = (end - begin) // size
+            if (start + begin) % size or count * size != end - begin or count != _product(shape):
+                raise ValueError(key)
+            flat = torch.frombuffer(data, dtype=dtype, offset=start + begin, count=count) if count \
+                else torch.empty(0, dtype=dtype)
+            tensors[key] = flat.view(shape)
+        return tensors
+    except (ValueError, KeyError, TypeError, RuntimeError):
+        from safetensors.torch import load
+
+        try:
+            return load(bytes(data))
+        except Exception as exc:  # safetensors raises several types for malformed files
+            raise TensorIOError(f"unreadable tensor data: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _product(shape: list[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
 
 
 def load_tensors(path: str, max_bytes: int | None = None) -> dict[str, Any]:
