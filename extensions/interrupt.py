@@ -25,6 +25,9 @@ class SaveSignal:
         self._saved = threading.Event()
         self.reason: Optional[str] = None
         self._interrupted = False
+        # A request from a signal handler, taken over by the next poll: a handler may not touch the
+        # events, whose lock the code it interrupted can hold (a deadlock, not a save).
+        self._signalled: list[tuple[str, bool]] = []
 
     @classmethod
     def for_run(cls, paths) -> "SaveSignal":
@@ -35,8 +38,8 @@ class SaveSignal:
         the next step and stop. A second SIGINT raises KeyboardInterrupt: abort now, no save."""
         if threading.current_thread() is not threading.main_thread():
             return
-        signal.signal(signal.SIGUSR1, lambda *_: self.request("SIGUSR1", stop=False, write_flag=False))
-        signal.signal(signal.SIGTERM, lambda *_: self.request("SIGTERM", stop=True, write_flag=False))
+        signal.signal(signal.SIGUSR1, lambda *_: self._signalled.append(("SIGUSR1", False)))
+        signal.signal(signal.SIGTERM, lambda *_: self._signalled.append(("SIGTERM", True)))
         signal.signal(signal.SIGINT, self._on_interrupt)
 
     def _on_interrupt(self, signum, frame) -> None:
@@ -44,9 +47,17 @@ class SaveSignal:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         self._interrupted = True
-        print("\nCtrl-C: saving a checkpoint at the next step boundary, then stopping; "
-              "press Ctrl-C again to abort at once without saving", file=sys.stderr, flush=True)
-        self.request("SIGINT", stop=True, write_flag=False)
+        self._signalled.append(("SIGINT", True))
+        try:
+            print("\nCtrl-C: saving a checkpoint at the next step boundary, then stopping; "
+                  "press Ctrl-C again to abort at once without saving", file=sys.stderr, flush=True)
+        except RuntimeError:  # the interrupted code was writing to stderr itself
+            pass
+
+    def _take_signalled(self) -> None:
+        while self._signalled:
+            reason, stop = self._signalled.pop(0)
+            self.request(reason, stop=stop, write_flag=False)
 
     def request(self, reason: str, stop: bool = False, write_flag: bool = True) -> None:
         self.reason = reason
@@ -70,6 +81,7 @@ class SaveSignal:
             self._save.set()
 
     def save_requested(self) -> bool:
+        self._take_signalled()
         if not self._save.is_set() and self.flag_path.exists():
             self._read_flag()
         return self._save.is_set()

@@ -58,6 +58,30 @@ def test_first_ctrl_c_asks_for_a_save_and_the_second_aborts(tmp_path):
             signal.signal(sig, handler)
 
 
+def test_a_signal_that_interrupts_code_holding_the_requests_lock_is_not_a_deadlock(tmp_path):
+    """A signal handler runs between two bytecodes of whatever the main thread was doing, also
+    inside an Event's own set/clear/wait, which hold its lock: a handler that took that lock waited
+    on itself forever (the spot watcher hung on its own SIGINT). The request must still arrive."""
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from extensions.interrupt import SaveSignal
+sig = SaveSignal({str(tmp_path / "save_request.json")!r})
+sig.install_signal_handlers()
+for name, held in (("SIGUSR1", sig._save), ("SIGTERM", sig._stop), ("SIGINT", sig._save)):
+    with held._cond:  # what Event.set/clear/wait hold while they run
+        os.kill(os.getpid(), getattr(signal, name))
+        for _ in range(1000):  # the handler runs here, between bytecodes
+            pass
+    print(name, sig.save_requested(), sig.stop_requested(), sig.reason, flush=True)
+    sig.acknowledge()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["SIGUSR1 True False SIGUSR1", "SIGTERM True True SIGTERM",
+                                           "SIGINT True True SIGINT"], done.stdout
+
+
 def test_ctrl_c_during_sft_saves_a_checkpoint_and_exits_75(tmp_path, model_dir):
     root = tmp_path / "run"
     paths = RunPaths(root)

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -123,11 +123,11 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     handler = InterruptionHandler(save_signal, manager, settings, paths.spot_interruption_report)
     watcher, polling = watcher_for(settings, handler.handle)
     received: list[int] = []
-    stop = threading.Event()
 
     def on_signal(signum, _frame):
+        # Only a list append: an Event.set() here takes the lock that the Event.wait() this signal
+        # interrupted may hold, and the watcher hung on its own SIGINT (one run in three).
         received.append(signum)
-        stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -141,7 +141,8 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     log.info("watching %s (%s)%s", paths.root, notices,
              f", syncing to {location.uri}" if location else ", no S3 sync")
     parent = os.getppid()
-    while not stop.wait(0.5):
+    while not received:
+        time.sleep(0.5)
         if exit_with_parent and os.getppid() != parent:
             log.warning("the process that started this watcher is gone: stopping")
             break
