@@ -51,6 +51,30 @@ def test_auto_never_falls_back_to_process_silently(monkeypatch):
         bwrap_problem.cache_clear()
 
 
+def test_a_batch_without_its_sandbox_stops_at_once_and_leaves_no_reference_running(monkeypatch):
+    """The sandbox is probed while the batch's references already run; where bubblewrap cannot
+    start, the batch raises the probe's error without judging anything, and the references that
+    were started are stopped, not waited for."""
+    import shutil
+
+    from extensions.verify import VerifyRequest, verify_batch
+    from extensions.verify.api import VerifierError
+
+    slow_problem = PROBLEM + "\nimport time as _t\n_t.sleep(60)\n"  # the reference is still loading it
+    bwrap_problem.cache_clear()
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    started = time.monotonic()
+    try:
+        with pytest.raises(VerifierError, match="bubblewrap"):
+            verify_batch([VerifyRequest(slow_problem, candidate(), "c")],
+                         VerifierConfig(device="cpu", isolation="auto", timeout_s=60), progress=False)
+    finally:
+        monkeypatch.undo()
+        bwrap_problem.cache_clear()
+    assert time.monotonic() - started < 30
+    assert not wait_gone("extensions.verify.reference_worker")
+
+
 @BOTH_MODES
 def test_timeout_kills_the_whole_process_tree(ctx, isolation):
     marker = f"sleeper-{uuid.uuid4().hex}"

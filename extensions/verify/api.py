@@ -229,7 +229,11 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
-    isolation = _isolation(config.isolation, device)
+    # The sandbox probe (on CUDA a Python that imports torch and starts CUDA inside bubblewrap:
+    # seconds, once per process) runs while the batch is screened and the references start.
+    probing = ThreadPoolExecutor(max_workers=1)
+    isolation_probe = probing.submit(_isolation, config.isolation, device)
+    probing.shutdown(wait=False)
     requests = list(requests)
     screened = [screen(i, r, config) for i, r in enumerate(requests)]
     first_of: dict[tuple[str, str], int] = {}
@@ -251,12 +255,10 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
         preparer = ProblemPreparer(config, device, work_root, pool)
         # Starting the next worker early only pays where cores are left over (and on GPUs).
         prespawn = config.prespawn_workers and (device == "cuda" or (os.cpu_count() or 1) > 2 * pool.size)
-        # Fork servers start now, so their imports overlap the reference data's preparation.
-        launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn, slots=pool.slots)
-        # Every problem's reference starts at once and each candidate starts as soon as its own
+        # Every problem's reference starts at once (trusted, in a process of its own: they need no
+        # sandbox, so they do not wait for the probe) and each candidate starts as soon as its own
         # problem is ready (references need no worker slot: they are trusted and short).
-        with ThreadPoolExecutor(max_workers=pool.size) as executor, \
-                ThreadPoolExecutor(max_workers=_preparing_threads(device, pool, len(problems))) as preparing:
+        with ThreadPoolExecutor(max_workers=_preparing_threads(device, pool, len(problems))) as preparing:
             timing = device == "cuda" and config.enable_calibrated_timing
 
             def prepare(code: str):
@@ -266,6 +268,13 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                 return problem
 
             prepared = {key: preparing.submit(prepare, code) for key, code in problems.items()}
+            try:
+                isolation = isolation_probe.result()
+            except BaseException:
+                preparer.abort()  # no sandbox: the error now, not after the references
+                raise
+            # Fork servers start now, so their imports overlap the reference data's preparation.
+            launcher = WorkerLauncher(config, device, isolation, work_root, len(to_run), prespawn, slots=pool.slots)
 
             def judge(item: _Screened) -> VerifyResult:
                 try:
@@ -283,8 +292,9 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                 return result
 
             try:
-                for item, result in zip(to_run, executor.map(judge, to_run)):
-                    judged[item.index] = result
+                with ThreadPoolExecutor(max_workers=pool.size) as executor:
+                    for item, result in zip(to_run, executor.map(judge, to_run)):
+                        judged[item.index] = result
             finally:
                 launcher.close()
     finally:

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -71,8 +72,21 @@ class ProblemPreparer:
 
     def __init__(self, config, device: str, work_root: str, pool):
         self.config, self.device, self.work_root, self.pool = config, device, work_root, pool
+        self._lock = threading.Lock()
+        self._running: set = set()
+        self._aborted = False
+
+    def abort(self) -> None:
+        """Stop every reference now and start none (the batch cannot run)."""
+        with self._lock:
+            self._aborted = True
+            running = list(self._running)
+        for proc in running:
+            proc.kill()
 
     def prepare(self, problem_code: str) -> PreparedProblem:
+        if self._aborted:
+            return PreparedProblem(False, "the batch was stopped")
         job_dir = tempfile.mkdtemp(prefix="problem-", dir=self.work_root)
         with open(os.path.join(job_dir, "problem.py"), "w") as fh:
             fh.write(problem_code)
@@ -95,10 +109,18 @@ class ProblemPreparer:
                 device=self.device, gpu_index=gpu, isolation="process",
                 max_output_bytes=cfg.max_output_bytes,
             )
-            secret = draw_secret()
-            proc.send_line(json.dumps(secret))
-            # The reference runs several input sets and variations: a few timeouts' worth.
-            outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
+            with self._lock:
+                self._running.add(proc)
+            if self._aborted:
+                proc.kill()
+            try:
+                secret = draw_secret()
+                proc.send_line(json.dumps(secret))
+                # The reference runs several input sets and variations: a few timeouts' worth.
+                outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
+            finally:
+                with self._lock:
+                    self._running.discard(proc)
         seconds = time.monotonic() - started
         prepared_path = os.path.join(job_dir, "prepared.json")
         if outcome.timed_out:
