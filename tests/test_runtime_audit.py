@@ -278,9 +278,9 @@ def test_cuda_copies_doing_the_work_next_to_a_decoy_launch_are_flagged(kernelben
         def get_init_inputs():
             return []
     """)
-    code = RELU_LAUNCH.replace("{init}", "pass").replace("{forward}", "pass").replace(
-        "relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)\n            return y",
-        "relu_kernel[(1,)](x, y, 1, BLOCK=16)\n            return x.t().contiguous()")
+    launch = "relu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)\n        return y"
+    assert launch in relu()
+    code = relu().replace(launch, "relu_kernel[(1,)](x, y, 1, BLOCK=16)\n        return x.t().contiguous()")
     result = verify_code_unscreened(problem, code, cuda_config, device="cuda")
     assert not result.correct and "decoy_kernel" in result.flags, result
 

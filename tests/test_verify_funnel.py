@@ -570,3 +570,28 @@ def test_tensor_files_are_safetensors_written_and_read_in_place(tmp_path):
     written = path.read_bytes()
     assert written == data and torch.equal(load(written)["bf16"], tensors["bf16"])
     assert read_checked_buffer(str(path), hashlib.sha256(written).hexdigest()) == bytearray(written)
+
+
+def test_a_sets_inputs_are_spaced_apart_by_nan_gaps_of_unknown_size():
+    """Handed inputs are placed in one buffer with a gap of 512-byte blocks before and after each
+    tensor, all bytes 0xFF (NaN): a read past the end of one input meets NaN, never the next input,
+    and the distances differ from set to set."""
+    import torch
+
+    from extensions.verify.handed_files import spaced_apart
+
+    a, b = torch.randn(16, 300), torch.randn(16, 300)
+    original = a.clone()
+    values = [a, [b, (torch.arange(5), 7)], torch.tensor(2.5)]
+    distances = set()
+    for _ in range(8):
+        placed = spaced_apart(values, "cpu")
+        pa, pb = placed[0], placed[1][0]
+        assert torch.equal(pa, a) and torch.equal(pb, b) and torch.equal(placed[1][1][0], torch.arange(5))
+        assert placed[1][1][1] == 7 and isinstance(placed[1], list) and isinstance(placed[1][1], tuple)
+        assert pa.data_ptr() % 64 == 0 and pb.data_ptr() % 64 == 0
+        flat = torch.as_strided(pa, (pa.numel() + 128,), (1,), pa.storage_offset())
+        assert torch.isnan(flat[pa.numel():]).all()  # past the end of the first input: NaN
+        distances.add(pb.data_ptr() - pa.data_ptr())
+        pa.add_(1.0)  # the originals are untouched by what the candidate does to its copies
+    assert torch.equal(a, original) and len(distances) > 1

@@ -70,8 +70,52 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     tensors = tensors_in_buffer(read_checked_buffer(stem + ".safetensors", hashes[0]))
     for suffix in (".json", ".safetensors"):
         os.remove(stem + suffix)
-    values = [unpack(spec, tensors, device if device != "cpu" else None) for spec in handed.pop("values")]
+    values = spaced_apart([unpack(spec, tensors) for spec in handed.pop("values")], device)
     return values, handed
+
+
+# Inputs sit in one fresh buffer with a gap before and after each: one to 16 blocks of 512 bytes,
+# drawn from the OS per tensor, holding all-ones bytes (NaN in every float dtype, -1 in the signed
+# integer ones). Read straight from the handed file, a set's inputs would lie back to back, and a
+# kernel reading past the end of one input would read the next one: a cat that copies 2n elements
+# from its first input was judged correct on CPU. A gap of unknown size makes such a read NaN.
+_GAP_BLOCK = 512
+
+
+def spaced_apart(values: list, device: str) -> list:
+    """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
+    import torch
+
+    from .tensor_io import flatten_tensors
+
+    tensors = [t for t in flatten_tensors(values) if isinstance(t, torch.Tensor)]
+    if not tensors or any(t.layout != torch.strided for t in tensors):
+        return _map_tensors(values, lambda t: t.to(device) if device != "cpu" else t.clone())
+    offsets, end = [], 0
+    for tensor in tensors:
+        end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
+        offsets.append(end)
+        size = tensor.numel() * tensor.element_size()
+        end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
+    end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
+    buffer = torch.full((end,), 255, dtype=torch.uint8, device=device)
+    placed = {}
+    for tensor, offset in zip(tensors, offsets):
+        size = tensor.numel() * tensor.element_size()
+        view = buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape)
+        view.copy_(tensor)
+        placed[id(tensor)] = view
+    return _map_tensors(values, lambda t: placed[id(t)])
+
+
+def _map_tensors(value: Any, fn) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
 
 
 def into_previous_tensors(previous: Any, inputs: Any) -> Any:
