@@ -112,6 +112,30 @@ def test_setsid_grandchild_does_not_outlive_the_verdict(ctx, isolation, tmp_path
     assert processes_with(marker) == []
 
 
+@BOTH_MODES
+def test_a_helper_that_kills_its_fork_server_does_not_outlive_the_verdict(ctx, isolation):
+    """A helper forked through ``posix.fork`` (the same function as ``os.fork``, under another
+    module's name) waits for the worker to exit, kills the fork server it was re-parented to and
+    lives on with init as its parent, outside every tree the parent walks. The fork is flagged, and
+    the helper is found by the sandbox's marker and killed with the candidate."""
+    marker = f"helper-{uuid.uuid4().hex}"
+    code = candidate(at_import=f"""
+        import os, posix, signal, time
+        if posix.fork() == 0:
+            try:
+                parent = os.getppid()
+                while os.getppid() == parent:
+                    time.sleep(0.001)
+                os.kill(os.getppid(), signal.SIGKILL)
+                os.execv("/bin/sh", ["sh", "-c", "sleep 40", "{marker}"])
+            finally:
+                os._exit(0)
+    """)
+    result = ctx.judge(code, isolation=isolation)
+    assert not result.correct and "subprocess" in result.flags, result
+    assert wait_gone(marker, 3.0) == []
+
+
 def test_exit_calls_in_the_candidate_are_verdicts(ctx):
     at_import = ctx.judge(candidate(at_import="import sys\nsys.exit(0)\n"))
     assert at_import.stage == "static" and at_import.error_category == "exception"

@@ -154,8 +154,13 @@ class RuntimeAudit:
             self._wrap_attr(_thread, "start_joinable_thread", self._thread_wrapper)
         import _posixsubprocess
 
-        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
-            self._wrap_attr(os, name, self._process_wrapper)
+        import posix
+
+        # ``os`` re-exports ``posix``'s functions: each module's name is wrapped, or ``posix.fork``
+        # would start a process unseen.
+        for owner in (os, posix):
+            for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+                self._wrap_attr(owner, name, self._process_wrapper)
         self._wrap_attr(_posixsubprocess, "fork_exec", self._process_wrapper)
         import subprocess
 

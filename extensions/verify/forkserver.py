@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Optional
 
 from . import proctree
@@ -222,8 +223,13 @@ class ForkServer:
                 "--device", device]
         if device == "cpu":
             argv.append("--warm-profiler")
+        # In every process of this server's sandbox (its environment is inherited): what a candidate
+        # started and moved out of the server's tree (a helper that outlived the server under
+        # process isolation, re-parented to init) is still found by it.
+        self._marker = uuid.uuid4().hex
         self.proc = start_process(argv, work_dir, device=device, gpu_index=gpu_index, isolation=isolation,
-                                  ro_binds=ro_binds, pythonpath=pythonpath, pass_fds=(write_end,))
+                                  ro_binds=ro_binds, pythonpath=pythonpath, pass_fds=(write_end,),
+                                  marker=self._marker)
         os.close(write_end)
         self._events = os.fdopen(read_end, "r")
         self._cond = threading.Condition()
@@ -333,6 +339,20 @@ class ForkServer:
             self.close()
             return
         proctree.kill_tree(server, include_root=False)
+        self._sweep(keep=self._sandbox_chain(server))
+
+    def _sandbox_chain(self, server: int) -> set[int]:
+        """The server and the processes between it and ours (bubblewrap's own): not the candidate's."""
+        chain, pid = {server}, server
+        while pid not in (self.proc.pid, None, 0, 1):
+            pid = proctree.parent_of(pid)
+            chain.add(pid)
+        return chain | {self.proc.pid}
+
+    def _sweep(self, keep: frozenset | set = frozenset()) -> None:
+        for pid in proctree.processes_with_env_marker(self._marker):
+            if pid not in keep:
+                proctree.kill_tree(pid)
 
     def exit_status(self) -> Optional[int]:
         with self._cond:
@@ -359,6 +379,7 @@ class ForkServer:
         except (OSError, ValueError):
             pass
         proctree.kill_tree(self.proc.pid)
+        self._sweep()
         if wait:
             self.wait_closed()
 

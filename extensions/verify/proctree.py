@@ -49,6 +49,11 @@ def _parent_of(pid: int) -> Optional[int]:
         return None
 
 
+def parent_of(pid: int) -> Optional[int]:
+    """``pid``'s parent, or None when it is gone."""
+    return _parent_of(pid)
+
+
 def children_map() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
