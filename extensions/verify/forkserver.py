@@ -339,7 +339,7 @@ class ForkServer:
             self.close()
             return
         proctree.kill_tree(server, include_root=False)
-        self._sweep(keep=self._sandbox_chain(server))
+        proctree.kill_marked(self._marker, keep=self._sandbox_chain(server))
 
     def _sandbox_chain(self, server: int) -> set[int]:
         """The server and the processes between it and ours (bubblewrap's own): not the candidate's."""
@@ -348,11 +348,6 @@ class ForkServer:
             pid = proctree.parent_of(pid)
             chain.add(pid)
         return chain | {self.proc.pid}
-
-    def _sweep(self, keep: frozenset | set = frozenset()) -> None:
-        for pid in proctree.processes_with_env_marker(self._marker):
-            if pid not in keep:
-                proctree.kill_tree(pid)
 
     def exit_status(self) -> Optional[int]:
         with self._cond:
@@ -379,7 +374,7 @@ class ForkServer:
         except (OSError, ValueError):
             pass
         proctree.kill_tree(self.proc.pid)
-        self._sweep()
+        proctree.kill_marked(self._marker)
         if wait:
             self.wait_closed()
 

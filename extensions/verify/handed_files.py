@@ -88,20 +88,19 @@ def spaced_apart(values: list, device: str) -> list:
 
     from .tensor_io import flatten_tensors
 
-    tensors = [t for t in flatten_tensors(values) if isinstance(t, torch.Tensor)]
-    if not tensors or any(t.layout != torch.strided for t in tensors):
-        return _map_tensors(values, lambda t: t.to(device) if device != "cpu" else t.clone())
-    offsets, end = [], 0
+    tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
+    if not tensors:
+        return values
+    slots, end = [], 0  # each tensor's (offset, bytes) in the buffer
     for tensor in tensors:
         end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
-        offsets.append(end)
         size = tensor.numel() * tensor.element_size()
+        slots.append((end, size))
         end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
     end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
     buffer = torch.full((end,), 255, dtype=torch.uint8, device=device)
     placed = {}
-    for tensor, offset in zip(tensors, offsets):
-        size = tensor.numel() * tensor.element_size()
+    for tensor, (offset, size) in zip(tensors, slots):
         view = buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         placed[id(tensor)] = view

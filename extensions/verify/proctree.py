@@ -35,7 +35,8 @@ def die_with_parent() -> bool:
     return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _parent_of(pid: int) -> Optional[int]:
+def parent_of(pid: int) -> Optional[int]:
+    """``pid``'s parent, or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             data = fh.read()
@@ -49,16 +50,11 @@ def _parent_of(pid: int) -> Optional[int]:
         return None
 
 
-def parent_of(pid: int) -> Optional[int]:
-    """``pid``'s parent, or None when it is gone."""
-    return _parent_of(pid)
-
-
 def children_map() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            parent = _parent_of(int(name))
+            parent = parent_of(int(name))
             if parent is not None:
                 tree.setdefault(parent, []).append(int(name))
     return tree
@@ -186,7 +182,7 @@ def kill_tree(root: int, include_root: bool = True, rounds: int = 20) -> None:
     for _ in range(rounds):
         below = descendants(root)
         targets = below + ([root] if include_root else [])
-        if include_root and _parent_of(root) is None:
+        if include_root and parent_of(root) is None:
             targets = below
         if not targets:
             return
@@ -215,3 +211,11 @@ def processes_with_env_marker(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def kill_marked(marker: str, keep: Iterable[int] = ()) -> None:
+    """Kill the tree of every process whose environment holds ``marker``, but those in ``keep``."""
+    kept = set(keep)
+    for pid in processes_with_env_marker(marker):
+        if pid not in kept:
+            kill_tree(pid)

@@ -362,8 +362,7 @@ class SandboxedProcess(CandidateWatch):
     def kill(self) -> None:
         """Kill the whole tree: the worker and anything it spawned, wherever it moved to."""
         proctree.kill_tree(self.proc.pid)
-        for pid in proctree.processes_with_env_marker(self._marker):
-            proctree.kill_tree(pid)
+        proctree.kill_marked(self._marker)
 
     def finish(self, deadline: float) -> ProcessOutcome:
         try:

@@ -7,6 +7,7 @@ file can at worst be malformed, never run code.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 JSON_SCALARS = (bool, int, float, str, type(None))
@@ -141,20 +142,14 @@ def _safetensors_parts(tensors: dict[str, Any]) -> list | None:
 
 def save_tensors(path: str, tensors: dict[str, Any]) -> None:
     """Write ``tensors`` as a safetensors file, straight from the tensors' memory."""
-    parts = _safetensors_parts(tensors)
-    if parts is None:
-        from safetensors.torch import save_file
-
-        save_file(tensors, path)
-        return
     with open(path, "wb") as fh:
-        for part in parts:
+        for part in tensor_parts(tensors):
             fh.write(part)
 
 
 def tensor_parts(tensors: dict[str, Any]) -> list:
     """The safetensors file of ``tensors`` as buffers to write one after another: views of the
-    tensors' own memory where ``save_tensors`` writes them directly, else one serialized copy."""
+    tensors' own memory where ``_safetensors_parts`` handles them, else one serialized copy."""
     parts = _safetensors_parts(tensors)
     if parts is None:
         from safetensors.torch import save
@@ -165,12 +160,7 @@ def tensor_parts(tensors: dict[str, Any]) -> list:
 
 def tensor_bytes(tensors: dict[str, Any]) -> bytes:
     """The safetensors file of ``tensors`` as bytes (to hash exactly what is written)."""
-    parts = _safetensors_parts(tensors)
-    if parts is None:
-        from safetensors.torch import save
-
-        return save(tensors)
-    return b"".join(parts)
+    return b"".join(tensor_parts(tensors))
 
 
 def tensors_in_buffer(data: bytearray) -> dict[str, Any]:
@@ -196,7 +186,7 @@ def tensors_in_buffer(data: bytearray) -> dict[str, Any]:
                 raise ValueError(key)
             size = torch.empty((), dtype=dtype).element_size()
             count = (end - begin) // size
-            if (start + begin) % size or count * size != end - begin or count != _product(shape):
+            if (start + begin) % size or count * size != end - begin or count != math.prod(shape):
                 raise ValueError(key)
             flat = torch.frombuffer(data, dtype=dtype, offset=start + begin, count=count) if count \
                 else torch.empty(0, dtype=dtype)
@@ -209,13 +199,6 @@ def tensors_in_buffer(data: bytearray) -> dict[str, Any]:
             return load(bytes(data))
         except Exception as exc:  # safetensors raises several types for malformed files
             raise TensorIOError(f"unreadable tensor data: {type(exc).__name__}: {str(exc)[:120]}") from None
-
-
-def _product(shape: list[int]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
 
 
 def load_tensors(path: str, max_bytes: int | None = None) -> dict[str, Any]:
