@@ -9,10 +9,12 @@ is tested in ``test_sandbox_leaks.py``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -255,6 +257,28 @@ def test_fork_server_children_are_fresh_and_private(ctx, isolation):
 def test_fresh_process_per_candidate_still_works(ctx):
     result = ctx.judge(candidate(), fork_server=False)
     assert result.correct, result.error
+
+
+def test_fresh_workers_started_ahead_are_handed_out(ctx):
+    """``fork_server: false`` with ``prespawn_workers`` (every CUDA batch; CPU with cores to spare):
+    taking a worker starts the next candidate's ahead. Starting it once deadlocked on the
+    launcher's own lock, and the batch hung with no verdict."""
+    from extensions.verify.judge import WorkerLauncher
+
+    config = dataclasses.replace(ctx.config, fork_server=False, timeout_s=30)
+    launcher = WorkerLauncher(config, "cpu", "process", ctx.root, total=3, prespawn=True, slots=[None])
+    verdicts = []
+    judging = threading.Thread(target=lambda: verdicts.extend(
+        judge_candidate(candidate(), ctx.prepared, config, "cpu", ctx.pool, "process", ctx.root, f"c{i}",
+                        launcher=launcher) for i in range(3)), daemon=True)
+    judging.start()
+    judging.join(180)
+    if judging.is_alive():  # its lock is held: closing the launcher would hang as well
+        pytest.fail("the launcher hung while starting a worker ahead")
+    spares_left = sum(len(procs) for procs in launcher._spares.values())
+    launcher.close()
+    assert [v.correct for v in verdicts] == [True] * 3, [v.error for v in verdicts]
+    assert spares_left == 0  # none started for a candidate that never came
 
 
 @needs_bwrap

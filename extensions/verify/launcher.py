@@ -61,6 +61,7 @@ class WorkerLauncher:
         self.memory_limit_kb = max(0, int(getattr(config, "memory_limit_mb", 0))) * 1024
         self._to_start = total
         self._ahead = 0  # children forked (or being forked) ahead that no candidate has taken yet
+        self._spawning = 0  # fresh workers being started ahead (``prespawn``), not yet spares
         self._spares: dict[Optional[int], list[SandboxedProcess]] = {}
         self._idle: dict[Optional[int], list[ForkServer]] = {}
         self._servers: list[ForkServer] = []
@@ -215,8 +216,18 @@ class WorkerLauncher:
         if self.prespawn:
             with self._lock:
                 waiting = sum(len(v) for v in self._spares.values())
-                if self._to_start - waiting > 0:
-                    self._spares.setdefault(gpu, []).append(self._spawn(gpu))
+                wanted = self._to_start - waiting - self._spawning > 0
+                if wanted:
+                    self._spawning += 1
+            if wanted:
+                spare = None
+                try:
+                    spare = self._spawn(gpu)  # outside the lock: making its directory takes it too
+                finally:
+                    with self._lock:
+                        self._spawning -= 1
+                        if spare is not None:
+                            self._spares.setdefault(gpu, []).append(spare)
         return proc
 
     def release(self, proc, gpu: Optional[int], reuse: bool = True) -> None:
