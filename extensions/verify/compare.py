@@ -7,7 +7,8 @@ Checks, per output tensor (tuples are compared element-wise):
   non-finite value at the same position (a reference that itself yields NaN there is matched);
 * ``allclose`` on the finite positions with atol/rtol by dtype (fp32: 1e-4; fp16/bf16: 1e-2); on
   an input set the verifier scaled up, atol is multiplied by how much the reference output grew
-  against the default set (``atol_scale`` >= 1), since rounding error grows with the magnitudes
+  against the default set, or the inputs where its output is all zero (``atol_scale`` >= 1,
+  ``reference_worker``), since rounding error grows with the magnitudes
   summed: a correct fp32 GEMM on inputs x100 differs from cuBLAS by ~5e-4 where the output
   crosses zero. rtol and the relative-norm check below are never scaled;
 * relative error ``||out - ref|| / ||ref|| <= max_relative_error`` whenever ``||ref||`` is not ~0,

@@ -36,7 +36,9 @@ def draw_secret() -> dict:
             "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
             "scale_down": 10 ** rng.uniform(-3.5, -2.5),
             "scale_up": 10 ** rng.uniform(2.0, 3.0),
-            "shift": rng.choice((-1.0, 1.0)) * rng.uniform(1.5, 3.5),
+            # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
+            "shift": rng.uniform(1.5, 3.5),
+            "shift_scale": 10 ** rng.uniform(2.0, 2.5),
         },
         # The odd-shape set also varies the float constants that reach the constructor.
         "scalar_factor": rng.choice((rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6))),

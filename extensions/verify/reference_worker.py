@@ -11,7 +11,8 @@ out-of-memory in the reference cannot take the verifier down; it never sees a ca
 Input sets: ``tiny`` (batch-like constants set to 2), ``base`` (the problem's sizes, shrunk on CPU
 to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes; constants that
 feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
-the same seed), other values (scaled down and up, mapped to both signs, shifted off zero, with
+the same seed), other values (mapped to both signs, then large, then all negative far from zero,
+then small; exact zeros in some places and the problem's Python float inputs varied, with
 parameters drawn per batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
 (and, on CPU, whose elements exceed the cap). A variation whose reference fails or turns
 non-finite is skipped and reported.
@@ -36,21 +37,35 @@ TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only
 # with it; on CUDA its inputs cross the sandbox as files.
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
-# with torch.rand, all positive, where ReLU and identity agree), then small values (a near-zero
-# output must fail), then large and shifted ones.
-VALUE_VARIATIONS = ("signed", "scale_down", "scale_up", "shift")
+# with torch.rand, all positive, where ReLU and identity agree), then large values of both signs
+# (past the range of fp32 ``exp``, and past the thresholds a wrong activation hides beyond), then
+# all-negative ones (a maximum or a softmax started at 0), then small ones.
+VALUE_VARIATIONS = ("signed", "scale_up", "shift", "scale_down")
+# Sets whose elements are also exactly zero in about this share of places (not ``shift``: a zero
+# there would be the maximum a reduction started at 0 needs).
+ZERO_SHARE = 1 / 16
+WITH_ZEROS = ("signed", "scale_up", "scale_down")
 
 
 def value_transforms(params: dict) -> dict[str, Callable]:
     """The value variations for one batch, from parameters the parent drew (see ``reference_data.draw_secret``):
-    ``signed`` ``x*a - b`` (times -1 or 1), ``scale_down``/``scale_up`` ``x*s``, ``shift`` ``x + s``."""
+    ``signed`` ``±(x*a - b)``, ``scale_up`` the same times ``s``, ``scale_down`` ``x*s``, ``shift``
+    ``(x - max(x) - d) * s`` (every element negative, far from zero)."""
     a, b, sign = params["signed"]
-    down, up, shift = float(params["scale_down"]), float(params["scale_up"]), float(params["shift"])
+    down, up = float(params["scale_down"]), float(params["scale_up"])
+    below, spread = float(params["shift"]), float(params.get("shift_scale", 1.0))
+
+    def signed(x):
+        return (x * a - b) * sign
+
+    def shifted(x):
+        return (x - x.max() - below) * spread if x.numel() else x
+
     return {
-        "signed": lambda x: (x * a - b) * sign,
+        "signed": signed,
         "scale_down": lambda x: x * down,
-        "scale_up": lambda x: x * up,
-        "shift": lambda x: x + shift,
+        "scale_up": lambda x: signed(x) * up,
+        "shift": shifted,
     }
 
 
@@ -108,6 +123,22 @@ def _transform(values: list, fn) -> list:
     return [fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
 
 
+def _with_zeros(values: list) -> list:
+    """Exact zeros in about ``ZERO_SHARE`` of every floating-point tensor's places (drawn from the
+    set's seed): a kernel wrong at zero only (``tanh(0) = 1``) is right on every other value."""
+    import torch
+
+    return [v.masked_fill(torch.rand(v.shape, device=v.device) < ZERO_SHARE, 0.0)
+            if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+
+
+def _with_scalars_varied(values: list, factor: float) -> list:
+    """The problem's Python float inputs (a scale written into ``get_inputs``) at other values,
+    as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
+    at that value only."""
+    return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
+
+
 class ReferenceBuilder:
     def __init__(self, source: str, job: dict, secret: dict):
         import torch
@@ -134,6 +165,7 @@ class ReferenceBuilder:
         self.models: list = [self._perturbed(self.base.Model(*init).to(self.device))]
         self.sets: list[dict] = []
         self.base_output_rms = 0.0
+        self.base_input_rms = 0.0
         self.skipped: list[str] = []
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
@@ -185,32 +217,45 @@ class ReferenceBuilder:
         torch.manual_seed(seed)
         return list(module.get_inputs())
 
-    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False) -> bool:
+    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
+                report: bool = True) -> bool:
+        """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
+        ``transform`` (the whole input list). A set the reference rejects is left out, and listed
+        in ``skipped`` when ``report``."""
         import torch
 
         try:
             init_index = self.init_index(module)
             inputs = self.draw_inputs(module, seed)
             if transform is not None:
-                inputs = _transform(inputs, transform)
+                inputs = transform(inputs)
             with torch.no_grad():
                 out = self.models[init_index](*_to(inputs, self.device))
             if self.device != "cpu":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
-            self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
+            if report:
+                self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             return False
         if not _all_finite(out) and kind != "base":
-            self.skipped.append(f"{name}: reference output not finite")
+            if report:
+                self.skipped.append(f"{name}: reference output not finite")
             return False
         index = len(self.sets)
         # fp32 rounding error grows with the magnitudes involved: on a set whose values the
-        # verifier scaled up, atol grows with the reference output (never shrinks below 1).
+        # verifier changed, atol grows with the reference output against the base set's (never
+        # shrinks below 1). Where the base output is all zero (a ReLU after a subtraction) there
+        # is nothing to measure against, and the inputs' growth stands in: a GEMM on inputs x1000
+        # differs from another order of summation by ~1e-3 where its output crosses zero.
         atol_scale = 1.0
-        if transform is not None and self.base_output_rms:
-            atol_scale = max(1.0, _rms(out) / self.base_output_rms)
+        if transform is not None:
+            if self.base_output_rms:
+                grown = _rms(out) / self.base_output_rms
+            else:
+                grown = _rms(inputs) / self.base_input_rms if self.base_input_rms else 1.0
+            atol_scale = max(1.0, grown)
         if kind == "base":
-            self.base_output_rms = _rms(out)
+            self.base_output_rms, self.base_input_rms = _rms(out), _rms(inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
             "numel": numel_of(inputs),
@@ -243,8 +288,7 @@ class ReferenceBuilder:
             if variation == "shape":
                 self._add_shape_variation(seed)
             else:
-                # Speed is measured on the problem's own value distribution, not on x100 inputs.
-                self.try_add(variation, "values", self.base, seed, self.transforms[variation])
+                self._add_value_set(variation, seed)
             seed += 1
         first_seed = self.input_seed
         while job["multi_input"] and len(self.sets) - full_before < wanted and seed < first_seed + 50:
@@ -257,6 +301,21 @@ class ReferenceBuilder:
             seed += 1
         if job["multi_input"] and job["shape_variations"]:
             self._add_wide_set(seed)
+
+    def _add_value_set(self, variation: str, seed: int) -> None:
+        """One value variation (never timed: speed is measured on the problem's own values), with
+        exact zeros and the Python float inputs varied too; where the reference rejects those (a
+        division by an input, a probability above 1), the tensors' transform alone."""
+        fn = self.transforms[variation]
+
+        def everything(inputs: list) -> list:
+            varied = _transform(inputs, fn)
+            if variation in WITH_ZEROS:
+                varied = _with_zeros(varied)
+            return _with_scalars_varied(varied, self.scalar_factor)
+
+        if not self.try_add(variation, "values", self.base, seed, everything, report=False):
+            self.try_add(variation, "values", self.base, seed, lambda inputs: _transform(inputs, fn))
 
     def _constructor_arguments(self) -> dict[str, float | int]:
         """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
