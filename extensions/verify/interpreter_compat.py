@@ -31,6 +31,9 @@
   function or a Triton builtin or dtype (``Cannot access global variable``), so such a kernel is
   right on CPU and does not compile on a GPU. ``refuse_non_constexpr_globals`` applies the
   compiler's rule to each kernel (and each ``@triton.jit`` helper) the first time it runs.
+* The interpreter types some combined masks (a block mask ``&`` a scalar condition) as int32
+  holding 0 and 1, and its load and store refuse any mask that is not bool; compiled, the same
+  expression is a boolean. ``read_zero_one_masks_as_bool`` reads such a mask as the boolean it is.
 
 Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
 (CUDA) is called by the worker before the candidate is imported.
@@ -49,6 +52,7 @@ def install() -> "ProgramOrder":
     make_libdevice_compute()
     refuse_non_constexpr_globals()
     fill_fresh_memory_with_nan()
+    read_zero_one_masks_as_bool()
     order = ProgramOrder()
     order.install()
     return order
@@ -254,6 +258,41 @@ def fill_fresh_memory_with_nan() -> None:
     # implementation working (a warning, not an error).
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+# -- masks -----------------------------------------------------------------------------------------
+
+def _as_bool_mask(mask):
+    """``mask`` as bool where the interpreter typed a boolean expression as an integer: values
+    other than 0 and 1 are left for the interpreter to refuse, as before."""
+    from triton.runtime.interpreter import TensorHandle
+
+    data = mask.data
+    if data.dtype == np.bool_ or data.dtype.kind not in "iu" or not np.isin(data, (0, 1)).all():
+        return mask
+    return TensorHandle(data.astype(np.bool_), mask.dtype)
+
+
+def read_zero_one_masks_as_bool() -> None:
+    """The interpreter types some combined masks (``block_mask & (row < n)``, a block and a
+    scalar condition) as int32 holding 0 and 1, and its load and store then refuse them ("mask has
+    unsupported dtype"); compiled for a GPU the same expression is a boolean and the kernel runs.
+    Such a mask is read as the boolean it is, so a correct kernel is not rejected on CPU alone."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    load, store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+    if getattr(load, "reads_zero_one_masks", False):
+        return
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        return load(self, ptrs, _as_bool_mask(mask), other, cache_policy, is_volatile)
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        return store(self, ptrs, value, _as_bool_mask(mask), cache_policy)
+
+    create_masked_load.reads_zero_one_masks = True
+    InterpreterBuilder.create_masked_load = create_masked_load
+    InterpreterBuilder.create_masked_store = create_masked_store
 
 
 # -- program order -------------------------------------------------------------------------------
