@@ -219,11 +219,10 @@ class ReferenceBuilder:
         torch.manual_seed(seed)
         return list(module.get_inputs())
 
-    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                report: bool = True) -> bool:
+    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
-        ``transform`` (the whole input list). A set the reference rejects is left out, and listed
-        in ``skipped`` when ``report``."""
+        ``transform`` (the whole input list). A set the reference rejects is left out and listed
+        in ``skipped``."""
         import torch
 
         try:
@@ -236,12 +235,10 @@ class ReferenceBuilder:
             if self.device != "cpu":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
-            if report:
-                self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
+            self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             return False
         if not _all_finite(out) and kind != "base":
-            if report:
-                self.skipped.append(f"{name}: reference output not finite")
+            self.skipped.append(f"{name}: reference output not finite")
             return False
         index = len(self.sets)
         # fp32 rounding error grows with the magnitudes involved: on a set whose values the
@@ -316,8 +313,11 @@ class ReferenceBuilder:
                 varied = _with_zeros(varied)
             return _with_scalars_varied(varied, self.scalar_factor)
 
-        if not self.try_add(variation, "values", self.base, seed, everything, report=False):
-            self.try_add(variation, "values", self.base, seed, lambda inputs: _transform(inputs, fn))
+        if self.try_add(variation, "values", self.base, seed, everything):
+            return
+        why = self.skipped.pop().split(": ", 1)[-1]
+        if self.try_add(variation, "values", self.base, seed, lambda inputs: _transform(inputs, fn)):
+            self.skipped.append(f"{variation}: without exact zeros and varied float inputs ({why})")
 
     def _constructor_arguments(self) -> dict[str, float | int]:
         """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
