@@ -86,7 +86,7 @@ def spaced_apart(values: list, device: str) -> list:
     """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
     import torch
 
-    from .tensor_io import flatten_tensors
+    from .tensor_io import flatten_tensors, map_tensors
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
@@ -104,17 +104,7 @@ def spaced_apart(values: list, device: str) -> list:
         view = buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         placed[id(tensor)] = view
-    return _map_tensors(values, lambda t: placed[id(t)])
-
-
-def _map_tensors(value: Any, fn) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    return value
+    return map_tensors(values, lambda t: placed[id(t)])
 
 
 def into_previous_tensors(previous: Any, inputs: Any) -> Any:

@@ -30,7 +30,7 @@ from .problem_constants import (find_scalar_constants, find_size_constants, grow
                                 rewrite_constants, shrink_step, varied_scalar)
 from .param_noise import apply_parameter_noise, constant_parameter_keys
 from .problem_sizes import load_problem, meta_forward_runs, meta_numel, numel_of, shrink_to_cap
-from .tensor_io import pack
+from .tensor_io import map_tensors, pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -55,7 +55,7 @@ def value_transforms(params: dict) -> dict[str, Callable]:
     (every element negative, far from zero)."""
     a, b, sign = params["signed"]
     down, up = float(params["scale_down"]), float(params["scale_up"])
-    below, spread = float(params["shift"]), float(params.get("shift_scale", 1.0))
+    below, spread = float(params["shift"]), float(params["shift_scale"])
 
     def signed(x):
         return (x * a - b) * sign
@@ -80,16 +80,6 @@ def same_init(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_init(x, y) for x, y in zip(a, b))
     return a == b
-
-
-def _to(value: Any, device: str) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
-    return value
 
 
 def _all_finite(value: Any) -> bool:
@@ -125,13 +115,12 @@ def _transform(values: list, fn) -> list:
     return [fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
 
 
-def _with_zeros(values: list) -> list:
-    """Exact zeros in about ``ZERO_SHARE`` of every floating-point tensor's places (drawn from the
-    set's seed): a kernel wrong at zero only (``tanh(0) = 1``) is right on every other value."""
+def _with_zeros(x):
+    """Exact zeros in about ``ZERO_SHARE`` of ``x``'s places (drawn from the set's seed): a kernel
+    wrong at zero only (``tanh(0) = 1``) is right on every other value."""
     import torch
 
-    return [v.masked_fill(torch.rand(v.shape, device=v.device) < ZERO_SHARE, 0.0)
-            if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+    return x.masked_fill(torch.rand(x.shape, device=x.device) < ZERO_SHARE, 0.0)
 
 
 def _with_scalars_varied(values: list, factor: float) -> list:
@@ -231,7 +220,7 @@ class ReferenceBuilder:
             if transform is not None:
                 inputs = transform(inputs)
             with torch.no_grad():
-                out = self.models[init_index](*_to(inputs, self.device))
+                out = self.models[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
             if self.device != "cpu":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
@@ -310,7 +299,7 @@ class ReferenceBuilder:
         def everything(inputs: list) -> list:
             varied = _transform(inputs, fn)
             if variation in WITH_ZEROS:
-                varied = _with_zeros(varied)
+                varied = _transform(varied, _with_zeros)
             return _with_scalars_varied(varied, self.scalar_factor)
 
         if self.try_add(variation, "values", self.base, seed, everything):

@@ -95,6 +95,17 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any
     raise TensorIOError(f"unknown value kind {kind!r}")
 
 
+def map_tensors(value: Any, fn) -> Any:
+    """``value`` with every tensor of a nested list or tuple replaced by ``fn(tensor)``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
 def flatten_tensors(value: Any) -> list[Any]:
     """Every tensor in a nested output, in order (what the comparison walks)."""
     import torch
