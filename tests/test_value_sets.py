@@ -2,18 +2,20 @@
 
 A kernel started at 0 for a maximum is right on every input with a non-negative value; one that
 returns 1 for tanh(0) is right on every input without an exact zero; one with ``get_inputs``'
-scalar written in is right while every set passes that scalar. The sets are built the way a batch
+scalar written in is right while every set passes that scalar; one wrong above a large threshold
+is right while every element stays below it. The sets are built the way a batch
 builds them (secret drawn from the OS), and their inputs are checked directly.
 """
 from __future__ import annotations
 
 import torch
 
-from extensions.verify.reference_data import draw_secret
+from extensions.config import VerifierConfig
+from extensions.verify.reference_data import draw_secret, reference_job
 from extensions.verify.reference_worker import ReferenceBuilder
 
-JOB = {"device": "cpu", "seed": 0, "max_input_numel": 4096, "tiny_first": False, "num_tests": 5,
-       "multi_input": True, "value_variations": True, "shape_variations": False}
+JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 4096, "tiny_first": False,
+       "num_tests": 5, "shape_variations": False}
 
 SCALED = '''
 import torch
@@ -61,7 +63,37 @@ def test_default_sets_reach_zeros_negatives_and_other_scalars():
     assert shifted.max() <= -100, float(shifted.max())  # all negative and far from zero: exp underflows
 
     large, _ = _inputs(builder, "scale_up")
-    assert large.max() >= 50 and (large == 0).any()
+    assert large.max() >= 1e10 and (large == 0).any()  # spread up to 10^11-10^12: A * s stays exact
+    positive = large[large > 0]  # spread over the powers of ten between, not one factor
+    assert (positive < 1e5).float().mean() > 0.05 and (positive > 1e9).float().mean() > 0.05
+
+
+# (f + 1) - f, f a whole number, is exactly 1 in fp64 up to 2^53, in fp32 up to 2^24 only: the
+# spread must stop where the fp32 reference stops being exact, or a correct kernel would be judged
+# against the reference's own rounding.
+INEXACT_ABOVE_2_24 = SCALED.replace("A, s):", "A):").replace(
+    "return A * s", "whole = torch.floor(A)\n        return (whole + 1.0) - whole").replace(
+    "[torch.rand(rows, cols), 3.14]", "[torch.rand(rows, cols)]")
+# The fp32 model cannot run in fp64 (a cast inside the forward): no spread, the uniform factor.
+NO_FP64 = SCALED.replace("A, s):", "A):").replace("return A * s", "return A.float() @ torch.ones(cols, cols)").replace(
+    "[torch.rand(rows, cols), 3.14]", "[torch.rand(rows, cols)]")
+
+
+def test_spread_stops_where_the_fp32_reference_is_no_longer_exact():
+    builder = _built(INEXACT_ABOVE_2_24)
+    (large,) = _inputs(builder, "scale_up")
+    assert 3e3 < large.max() < 2 ** 24 * 1.5, float(large.max())
+    (chosen,) = [s for s in builder.sets if s["name"] == "scale_up"]
+    assert torch.equal(builder.expected[chosen["expected"]["tensor"]], torch.ones(64, 64))  # not 0 or 2
+    assert not any(note.startswith("scale_up") for note in builder.skipped), builder.skipped
+
+
+def test_without_an_fp64_reference_scale_up_keeps_one_factor():
+    builder = _built(NO_FP64)
+    (large,) = _inputs(builder, "scale_up")
+    assert 50 <= large.max() <= 1000, float(large.max())
+    assert any(note.startswith("scale_up: one factor for every element") and "no fp64 reference" in note
+               for note in builder.skipped), builder.skipped
 
 
 def test_a_set_the_reference_rejects_with_zeros_is_kept_without_them():

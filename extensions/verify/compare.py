@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 LOW_PRECISION = ("float16", "bfloat16")
+# The config fields the comparison reads (the reference process gets them to judge its own exactness).
+TOLERANCE_FIELDS = ("atol_fp32", "rtol_fp32", "atol_low_precision", "rtol_low_precision",
+                    "max_relative_error", "min_reference_norm")
 
 
 @dataclass

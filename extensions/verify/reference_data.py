@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .compare import TOLERANCE_FIELDS
 from .sandbox import SandboxedProcess
 from .tensor_io import load_tensors
 from .verdict import tail_line
@@ -36,12 +37,28 @@ def draw_secret() -> dict:
             "signed": [scale, scale / 2 * rng.uniform(0.8, 1.2), rng.choice((-1.0, 1.0))],
             "scale_down": 10 ** rng.uniform(-3.5, -2.5),
             "scale_up": 10 ** rng.uniform(2.0, 3.0),
+            # Powers of ten the largest ``scale_up`` elements reach, highest first: the set takes
+            # the first at which the reference in fp32 still matches itself in fp64.
+            "scale_up_tops": [rng.uniform(11.0, 12.0), rng.uniform(6.5, 7.5), rng.uniform(4.0, 4.5)],
             # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
             "shift": rng.uniform(1.5, 3.5),
             "shift_scale": 10 ** rng.uniform(2.0, 2.5),
         },
         # The odd-shape set also varies the float constants that reach the constructor.
         "scalar_factor": rng.choice((rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6))),
+    }
+
+
+def reference_job(cfg, device: str) -> dict:
+    """What the reference process needs of the verifier config (``reference_worker``'s job.json)."""
+    return {
+        "device": device, "seed": cfg.seed,
+        "max_input_numel": cfg.cpu_max_input_numel if device == "cpu" else cfg.cuda_max_input_numel,
+        "tiny_first": cfg.enable_staged_eval and cfg.staged_tiny_batch_first,
+        "multi_input": cfg.enable_multi_input, "num_tests": cfg.multi_input_num_tests,
+        "shape_variations": cfg.multi_input_shape_variations,
+        "value_variations": cfg.multi_input_value_variations, "threads": 1,
+        "tolerances": {name: getattr(cfg, name) for name in TOLERANCE_FIELDS},
     }
 
 
@@ -93,16 +110,8 @@ class ProblemPreparer:
         with open(os.path.join(job_dir, "problem.py"), "w") as fh:
             fh.write(problem_code)
         cfg = self.config
-        cap = cfg.cpu_max_input_numel if self.device == "cpu" else cfg.cuda_max_input_numel
-        job = {
-            "device": self.device, "seed": cfg.seed, "max_input_numel": cap,
-            "tiny_first": cfg.enable_staged_eval and cfg.staged_tiny_batch_first,
-            "multi_input": cfg.enable_multi_input, "num_tests": cfg.multi_input_num_tests,
-            "shape_variations": cfg.multi_input_shape_variations,
-            "value_variations": cfg.multi_input_value_variations, "threads": 1,
-        }
         with open(os.path.join(job_dir, "job.json"), "w") as fh:
-            json.dump(job, fh)
+            json.dump(reference_job(cfg, self.device), fh)
         gpu = self.pool.next_gpu()
         started = time.monotonic()
         with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU

@@ -11,15 +11,17 @@ out-of-memory in the reference cannot take the verifier down; it never sees a ca
 Input sets: ``tiny`` (batch-like constants set to 2), ``base`` (the problem's sizes, shrunk on CPU
 to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes; constants that
 feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
-the same seed), other values (mapped to both signs, then large, then all negative far from zero,
-then small; exact zeros in some places and the problem's Python float inputs varied, with
-parameters drawn per batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
+the same seed), other values (mapped to both signs, then large (spread over many powers of ten,
+as far as the fp32 reference stays exact), then all negative far from zero, then small; exact
+zeros in some places and the problem's Python float inputs varied, with parameters drawn per
+batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
 (and, on CPU, whose elements exceed the cap). A variation whose reference fails or turns
 non-finite is skipped and reported.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -38,10 +40,10 @@ TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then large values (past the
-# range of fp32 ``exp``), then all-negative ones far from zero (a maximum or a softmax started at
-# 0, an activation wrong below some threshold), then small ones. Large values keep the problem's
-# signs: a sum of large terms of both signs cancels, and its rounding error outgrows any
-# tolerance measured on the output.
+# range of fp32 ``exp``, and past a threshold below 10^t, ``spread_up``), then all-negative ones
+# far from zero (a maximum or a softmax started at 0, an activation wrong below some threshold),
+# then small ones. Large values keep the problem's signs: a sum of large terms of both signs
+# cancels, and its rounding error outgrows any tolerance measured on the output.
 VALUE_VARIATIONS = ("signed", "scale_up", "shift", "scale_down")
 # Sets whose elements are also exactly zero in about this share of places (not ``shift``: a zero
 # there would be the maximum a reduction started at 0 needs).
@@ -69,6 +71,27 @@ def value_transforms(params: dict) -> dict[str, Callable]:
         "scale_up": lambda x: x * up,
         "shift": shifted,
     }
+
+
+def spread_up(params: dict, top: float) -> Callable:
+    """``scale_up`` with magnitudes spread over many powers of ten: each element times
+    ``10^(u + r·(top − u))``, ``r`` uniform per element, ``10^u`` the uniform ``scale_up`` factor.
+    A kernel right below some large threshold only (a sigmoid that returns 0 above 1500) is right
+    on any set whose largest element stays below it; this set reaches ``10^top``."""
+    low = math.log10(float(params["scale_up"]))
+
+    def spread(x):
+        import torch
+
+        power = low + torch.rand(x.shape, device=x.device, dtype=torch.float64) * (top - low)
+        return (x.double() * torch.pow(10.0, power)).to(x.dtype)
+
+    return spread
+
+
+# The fp32 reference must match its own fp64 run within this share of each tolerance before a
+# spread ``scale_up`` is kept: the rest is left to a correct kernel's own rounding.
+EXACTNESS_MARGIN = 0.25
 
 
 def same_init(a: Any, b: Any) -> bool:
@@ -130,6 +153,27 @@ def _with_scalars_varied(values: list, factor: float) -> list:
     return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
 
 
+def _scaled_tolerances(tolerances: dict, share: float) -> types.SimpleNamespace:
+    """The comparison's tolerances, each ``share`` as wide (the norm below which only atol applies stays)."""
+    scaled = {name: float(value) * share for name, value in tolerances.items() if name != "min_reference_norm"}
+    return types.SimpleNamespace(**scaled, min_reference_norm=float(tolerances["min_reference_norm"]))
+
+
+def _like(value: Any, reference: Any) -> Any:
+    """``value`` (a nested output) with each tensor cast to the dtype of ``reference``'s at that place."""
+    import torch
+
+    if isinstance(reference, torch.Tensor):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{type(value).__name__} where a tensor was")
+        return value.to(reference.dtype)
+    if isinstance(reference, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(reference):
+            raise ValueError("another number of outputs")
+        return type(reference)(_like(v, r) for v, r in zip(value, reference))
+    return value
+
+
 class ReferenceBuilder:
     def __init__(self, source: str, job: dict, secret: dict):
         import torch
@@ -139,6 +183,10 @@ class ReferenceBuilder:
         self.seed = int(job["seed"])  # construction seed: both models are built right after it
         self.input_seed = int(secret["input_seed"])  # drawn per batch, never seen by a candidate
         self.transforms = value_transforms(secret["transforms"])
+        self.spreads = [(top, spread_up(secret["transforms"], float(top)))
+                        for top in secret["transforms"]["scale_up_tops"]]
+        self.exactness = _scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
+        self.fp64_models: dict[int, Any] = {}
         self.cap = int(job["max_input_numel"])
         self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
         self.original_source = source
@@ -208,10 +256,11 @@ class ReferenceBuilder:
         torch.manual_seed(seed)
         return list(module.get_inputs())
 
-    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False) -> bool:
+    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
+                exact: bool = False) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
-        in ``skipped``."""
+        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run."""
         import torch
 
         try:
@@ -242,6 +291,11 @@ class ReferenceBuilder:
             else:
                 grown = _rms(inputs) / self.base_input_rms if self.base_input_rms else 1.0
             atol_scale = max(1.0, grown)
+        if exact:
+            why = self._inexact(init_index, inputs, out, atol_scale)
+            if why:
+                self.skipped.append(f"{name}: {why}")
+                return False
         if kind == "base":
             self.base_output_rms, self.base_input_rms = _rms(out), _rms(inputs)
         self.sets.append({
@@ -296,17 +350,57 @@ class ReferenceBuilder:
         division by an input, a probability above 1), the tensors' transform alone."""
         fn = self.transforms[variation]
 
-        def everything(inputs: list) -> list:
-            varied = _transform(inputs, fn)
-            if variation in WITH_ZEROS:
-                varied = _transform(varied, _with_zeros)
-            return _with_scalars_varied(varied, self.scalar_factor)
+        def everything(tensor_fn) -> Callable:
+            def transform(inputs: list) -> list:
+                varied = _transform(inputs, tensor_fn)
+                if variation in WITH_ZEROS:
+                    varied = _transform(varied, _with_zeros)
+                return _with_scalars_varied(varied, self.scalar_factor)
+            return transform
 
-        if self.try_add(variation, "values", self.base, seed, everything):
+        if variation == "scale_up":
+            # Highest spread first; each kept only where the fp32 reference is still exact there
+            # (a sum of squares overflows, cuDNN's TF32 rounds): otherwise the uniform factor.
+            reasons = []
+            for top, spread in self.spreads:
+                if self.try_add(variation, "values", self.base, seed, everything(spread), exact=True):
+                    self.sets[-1]["spread_top"] = round(top, 2)
+                    return
+                reasons.append(f"1e{top:.0f}: {self.skipped.pop().split(': ', 1)[-1]}")
+            self.skipped.append(f"{variation}: one factor for every element (spread {'; '.join(reasons)})")
+        if self.try_add(variation, "values", self.base, seed, everything(fn)):
             return
         why = self.skipped.pop().split(": ", 1)[-1]
         if self.try_add(variation, "values", self.base, seed, lambda inputs: _transform(inputs, fn)):
             self.skipped.append(f"{variation}: without exact zeros and varied float inputs ({why})")
+
+    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float) -> str:
+        """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
+        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances), or ''."""
+        import copy
+
+        import torch
+
+        from .compare import compare_outputs
+
+        if init_index not in self.fp64_models:
+            self.fp64_models[init_index] = copy.deepcopy(self.models[init_index]).double()
+        wide = map_tensors(inputs, lambda t: (t.double() if t.is_floating_point() else t).to(self.device))
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # tensors the forward creates match its inputs
+        try:
+            with torch.no_grad():
+                exact = self.fp64_models[init_index](*wide)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: the spread is not kept
+            return f"no fp64 reference ({type(exc).__name__})"
+        finally:
+            torch.set_default_dtype(default)
+        try:
+            exact = _like(exact, out)
+        except (TypeError, ValueError) as exc:
+            return f"fp64 reference differs in structure ({exc})"
+        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale)
+        return f"fp32 reference off its fp64 run ({mismatch.reason})" if mismatch else ""
 
     def _constructor_arguments(self) -> dict[str, float | int]:
         """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a

@@ -1,0 +1,116 @@
+"""How far does the ``scale_up`` value set reach on each KernelBench problem? One markdown table.
+
+``scale_up`` spreads each element's magnitude up to 10^t, with t the first of three powers drawn
+per batch (in [11, 12], [6.5, 7.5], [4, 4.5]) at which the problem's fp32 reference still matches
+its own fp64 run; otherwise one factor 10^u (u in [2, 3]) for every element. A kernel wrong only
+above some threshold is caught where the set reaches past it. This builds each problem's reference
+sets the way a batch does (a fresh secret per problem) and counts, per level, how many problems got
+which reach, and why the spread was dropped where it was.
+
+    python bench/value_set_reach.py --device cuda --levels 1 2 3        # GPU, full sizes
+    python bench/value_set_reach.py --device cpu --levels 1 --max-minutes 5
+
+``--kernelbench`` defaults to ../shared/kernelbench/kernelbench_problems.jsonl next to the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+REACHES = ("1e11-1e12", "1e6.5-1e7.5", "1e4-1e4.5", "one factor", "no set")
+
+
+def problem_reach(code: str, device: str) -> tuple[str, float, str]:
+    """(reach bucket, log10 of the largest |element| of scale_up's inputs, why the spread was dropped)."""
+    import torch
+
+    from extensions.config import VerifierConfig
+    from extensions.verify.reference_data import draw_secret, reference_job
+    from extensions.verify.reference_worker import ReferenceBuilder
+
+    builder = ReferenceBuilder(code, reference_job(VerifierConfig(), device), draw_secret())
+    builder.build()
+    chosen = [s for s in builder.sets if s["name"] == "scale_up"]
+    why = next((note.split("(spread ", 1)[-1].rstrip(")") for note in builder.skipped
+                if note.startswith("scale_up: one factor")), "")
+    if not chosen:
+        return "no set", float("nan"), why or "; ".join(n for n in builder.skipped if n.startswith("scale_up"))
+    largest = 0.0
+    for spec in chosen[0]["inputs"]["list"]:
+        tensor = builder.tensors.get(spec.get("tensor"))
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+            largest = max(largest, float(tensor.abs().max()))
+    top = chosen[0].get("spread_top")
+    bucket = "one factor" if top is None else REACHES[0] if top >= 11 else REACHES[1] if top >= 6.5 else REACHES[2]
+    return bucket, math.log10(largest) if largest > 0 else float("-inf"), why
+
+
+def reason_kind(why: str) -> str:
+    """The first rung's reason, without the numbers (for counting)."""
+    first = why.split(";", 1)[0]
+    return re.sub(r"^1e\d+: ", "", first).strip() or "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernelbench", default=str(REPO_ROOT.parent / "shared" / "kernelbench"
+                                                     / "kernelbench_problems.jsonl"))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--max-minutes", type=float, default=8.0)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    problems = [json.loads(line) for line in open(args.kernelbench) if line.strip()]
+    problems = [p for p in problems if p["level"] in args.levels]
+    deadline = time.monotonic() + 60 * args.max_minutes
+    counts: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    reasons: collections.Counter = collections.Counter()
+    rows, done = [], 0
+    for problem in problems:
+        if time.monotonic() > deadline:
+            break
+        started = time.monotonic()
+        try:
+            bucket, largest, why = problem_reach(problem["code"], args.device)
+        except Exception as exc:  # noqa: BLE001 - the problem itself fails to build: counted, not fatal
+            bucket, largest, why = "no set", float("nan"), f"reference failed ({type(exc).__name__})"
+        counts[problem["level"]][bucket] += 1
+        if bucket != REACHES[0]:
+            reasons[reason_kind(why)] += 1
+        rows.append((problem["level"], problem["problem_id"], problem["name"], bucket, largest, why,
+                     time.monotonic() - started))
+        done += 1
+        gc.collect()
+        if args.device != "cpu":
+            torch.cuda.empty_cache()
+
+    print(f"# scale_up reach, {args.device}, {done} of {len(problems)} problems\n")
+    print("| level | " + " | ".join(REACHES) + " |")
+    print("|---|" + "---:|" * len(REACHES))
+    for level in sorted(counts):
+        print(f"| {level} | " + " | ".join(str(counts[level][r]) for r in REACHES) + " |")
+    print("\n## Why the widest spread was not kept\n\n| reason | problems |\n|---|---:|")
+    for reason, count in reasons.most_common():
+        print(f"| {reason} | {count} |")
+    print("\n## Per problem\n\n| level | id | name | reach | log10 max | s | spread dropped because |")
+    print("|---:|---:|---|---|---:|---:|---|")
+    for level, pid, name, bucket, largest, why, seconds in rows:
+        print(f"| {level} | {pid} | {name} | {bucket} | {largest:.1f} | {seconds:.1f} | {why[:160]} |")
+
+
+if __name__ == "__main__":
+    main()
