@@ -6,6 +6,7 @@
 #   bash bench/device_session.sh env gpu_tests verifier            # one call
 #   bash bench/device_session.sh gpu_suites_process                # the suites under process isolation
 #   bash bench/device_session.sh timing                            # another
+#   bash bench/device_session.sh value_reach                       # scale_up's reach per problem
 #   bash bench/device_session.sh rollout sft
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
 #   bash bench/device_session.sh rehearsal                         # 7B rehearsal on every GPU (~7 min)
@@ -62,6 +63,10 @@ run_gpu_tests() {
 
 run_verifier() {
   step verifier_throughput 540 "$PY" bench/verifier_throughput.py --kernelbench "$KERNELBENCH" --device cuda --copies 2
+}
+
+run_value_reach() {  # how far scale_up reaches per problem on CUDA, full sizes
+  step value_set_reach 300 "$PY" bench/value_set_reach.py --kernelbench "$KERNELBENCH" --device cuda --levels 1 2 3 --max-minutes 4
 }
 
 run_timing() {
@@ -144,7 +149,7 @@ run_rehearsal() {
 for name in "$@"; do
   case "$name" in
     env) run_env ;; gpu_tests) run_gpu_tests ;; gpu_marked) run_gpu_marked ;;
-    gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; verifier) run_verifier ;; timing) run_timing ;;
+    gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; verifier) run_verifier ;; value_reach) run_value_reach ;; timing) run_timing ;;
     rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
     rl_algorithms) run_rl_algorithms ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
