@@ -292,6 +292,17 @@ class SpeedupScheduler:
             measurements.append(self._measure(trials))
         stable_ones = [m for m in measurements if is_stable(m.summary, settings.max_cv)]
         chosen = stable_ones[0] if stable_ones else min(measurements, key=_cv_sort_key)
+        unconfirmed_excess = None
+        if flags.FLAG_SIDE_STREAM in chosen.flags:
+            # Hidden work voids the verdict, so one disturbed measurement must not (the device's
+            # after-effect of a call varies, docs/timing.md): a second one has to show it too.
+            # Where it does not, the timing is that second measurement's, so hiding work in the
+            # first alone gains nothing.
+            confirming = self._measure(trials)
+            measurements.append(confirming)
+            if flags.FLAG_SIDE_STREAM not in confirming.flags:
+                unconfirmed_excess = chosen.details["hidden_excess_ms"]
+                chosen = confirming
 
         summary = chosen.summary
         report = SpeedupReport(
@@ -303,7 +314,7 @@ class SpeedupScheduler:
             ci95=summary.ci95,
             cv=summary.cv,
             trial_cv=summary.trial_cv,
-            stable=bool(stable_ones),
+            stable=is_stable(chosen.summary, settings.max_cv),
             trials=summary.trials,
             warmup=warmup_pairs,
             remeasures=len(measurements) - 1,
@@ -319,6 +330,8 @@ class SpeedupScheduler:
         report.details["planned_trials"] = trials
         report.details["pair_cost_ms"] = pair_cost_s * 1000.0
         report.details["measurement_cvs"] = [m.summary.cv for m in measurements]
+        if unconfirmed_excess is not None:
+            report.details["side_stream_unconfirmed_ms"] = unconfirmed_excess
         if cut:
             report.add_flag(flags.FLAG_BUDGET_CUT)
         if not report.stable:
