@@ -63,7 +63,10 @@ def test_solution_passes_full_funnel(name, solution_results, verifier_config, ve
             strict=True, reason=f"known false reject: {KNOWN_CPU_FALSE_REJECTS[name]}"))
 
     result = solution_results[name]
-    assert result.correct, f"{name}: rejected at stage {result.stage}: {result.error} flags={result.flags}"
+    timing = {key: value for key, value in ((result.timing or {}).get("details") or {}).items()
+              if "hidden" in key or "side_stream" in key or key.endswith("gap_ms")}
+    assert result.correct, (f"{name}: rejected at stage {result.stage}: {result.error} flags={result.flags} "
+                            f"timing={timing}")
     assert result.isolation in ("bwrap", "process")
     if verify_device == "cpu":
         assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
