@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from extensions.timing import report as flags
 from extensions.timing.report import SpeedupReport
-from extensions.timing.stats import PairedSummary, is_stable, lower_quantile, median, summarize_pairs
+from extensions.timing.stats import PairedSummary, is_stable, median, summarize_pairs
 
 REFERENCE = "reference"
 CANDIDATE = "candidate"
@@ -28,12 +28,6 @@ WALL_MISMATCH_SHARE = 0.2
 # The probe only calls memoisation when the fresh call is also slower by this many milliseconds.
 MEMO_MIN_EXCESS_MS = 0.005
 MIN_TRIALS_FLOOR = 3
-# Hidden work is judged on this quantile of each model's post-stream window: a host preempted
-# between its two events (other candidates compiling on a loaded machine) only lengthens a window,
-# and in the median it flagged honest kernels. Hiding in more than 3/4 of the calls moves it; a
-# call that hides anything beyond the threshold is charged its device-wide time whatever the
-# quantile says, so hiding in fewer calls gains nothing.
-HIDDEN_QUANTILE = 0.25
 
 
 class TimingError(RuntimeError):
@@ -93,11 +87,6 @@ class Measurement:
     reference_gap_ms: float = 0.0  # median device-wait after the stream event, reference calls
     wall_overhead_ms: float = 0.0  # median host time around a reference call not seen by events
     details: dict[str, Any] = field(default_factory=dict)
-    # A candidate call whose post-stream window (``_post_stream_ms``) exceeds this baseline (the
-    # reference's) by more than the threshold is charged its device-wide time.
-    hidden_baseline_ms: Optional[float] = None
-    side_stream_threshold_ms: float = math.inf
-    hidden_separated: bool = False  # every call has ``hidden_ms`` (else the raw gaps are compared)
 
 
 @dataclass
@@ -407,18 +396,10 @@ def _cv_sort_key(measurement: Measurement) -> float:
     return cv if math.isfinite(cv) else math.inf
 
 
-def _post_stream_ms(call: CallTiming, separated: bool) -> float:
-    """What the device did after the calling stream's end: ``hidden_ms``, else the raw gap."""
-    return call.hidden_ms if separated else call.device_ms - call.stream_ms
-
-
 def charged_candidate_ms(call: CallTiming, measurement: Measurement) -> float:
     """The time a candidate call is charged, with the corrections its measurement called for."""
     charged = call.stream_ms
-    hid_work = measurement.hidden_baseline_ms is not None and (
-        _post_stream_ms(call, measurement.hidden_separated) - measurement.hidden_baseline_ms
-        > measurement.side_stream_threshold_ms)
-    if flags.FLAG_SIDE_STREAM in measurement.flags or hid_work:
+    if flags.FLAG_SIDE_STREAM in measurement.flags:
         # A hider's host waits in the device-wide synchronize and records the last event as soon
         # as the hidden work ends: its device-wide time holds one round trip past the work, which
         # the runner timed right after (``round_trip_ms``); else the reference's whole wait.
@@ -433,12 +414,16 @@ def analyse_pairs(pairs: list[PairTrial], settings: TimingSettings) -> Measureme
     """Per-trial times to charge, the side-stream and wall-clock checks, and the paired summary.
 
     The reference (a PyTorch module) runs on the calling stream, so whatever the device still does
-    after that stream's end event holds no hidden work for it. A candidate whose lower quartile of
-    ``hidden_ms`` (the window after its stream event, recorded by an awake host, less the control
-    round trip timed right after) exceeds the reference's by more than the tolerance and the share
-    left work running on another stream: it is flagged, and every call charged its device-wide
-    time less its round trip. Without the flag, a single call past the reference's quartile by
-    more than that is charged the same way.
+    after that stream's end event holds no hidden work for it. A candidate whose ``hidden_ms`` (the
+    window after its stream event, recorded by an awake host, less the control round trip timed
+    right after) exceeds the reference's in the same pair by more than the tolerance and the share,
+    in the median pair, left work running on another stream: it is charged its device-wide time
+    less its round trip. The median of the pairs' differences, not the difference of the two
+    medians: a host preempted between its two events lengthens that call's window, and on a loaded
+    machine a model disturbed in just over half of its calls moves its own median while the
+    other's stays (the likeliest cause of two honest reductions flagged on an H100). The median
+    difference moves only where the candidate's window is the longer one by that margin in over
+    half the pairs; a disturbance that hits both calls of a pair cancels.
     Runners without ``hidden_ms`` are judged on the raw gap after the stream event, which also
     holds the host's wake-up latency. A candidate whose event time trails the host's wall time
     (beyond the overhead the reference shows) in many trials is charged wall time.
@@ -451,14 +436,14 @@ def analyse_pairs(pairs: list[PairTrial], settings: TimingSettings) -> Measureme
     measurement.details.update(
         {"reference_gap_ms": reference_gap, "candidate_gap_ms": candidate_gap, "wall_overhead_ms": wall_overhead}
     )
-    # Without ``hidden_ms`` in every call, the raw gaps (which also hold the wake-up latency).
-    separated = all(p.reference.hidden_ms is not None and p.candidate.hidden_ms is not None for p in pairs)
-    measurement.hidden_separated = separated
-    reference_hidden = lower_quantile([_post_stream_ms(p.reference, separated) for p in pairs], HIDDEN_QUANTILE)
-    candidate_hidden = lower_quantile([_post_stream_ms(p.candidate, separated) for p in pairs], HIDDEN_QUANTILE)
-    if separated:
+    if all(p.reference.hidden_ms is not None and p.candidate.hidden_ms is not None for p in pairs):
+        reference_hidden = median([p.reference.hidden_ms for p in pairs])
+        candidate_hidden = median([p.candidate.hidden_ms for p in pairs])
         measurement.details.update({"reference_hidden_ms": reference_hidden, "candidate_hidden_ms": candidate_hidden})
-    hidden_excess = candidate_hidden - reference_hidden
+        hidden_excess = median([p.candidate.hidden_ms - p.reference.hidden_ms for p in pairs])
+    else:
+        hidden_excess = median([(p.candidate.device_ms - p.candidate.stream_ms)
+                                - (p.reference.device_ms - p.reference.stream_ms) for p in pairs])
     # What the device still does right after a call is not only hidden work: the call's memory
     # traffic leaves an after-effect (4 to 71 us on an H100, growing with the data written, from
     # -19 to +5 us apart between two honest modules; docs/timing.md). Hidden work must exceed the
@@ -467,7 +452,6 @@ def analyse_pairs(pairs: list[PairTrial], settings: TimingSettings) -> Measureme
     candidate_stream = median([p.candidate.stream_ms for p in pairs])
     threshold = max(settings.side_stream_tolerance_ms, settings.side_stream_min_share * candidate_stream)
     measurement.details.update({"hidden_excess_ms": hidden_excess, "side_stream_threshold_ms": threshold})
-    measurement.hidden_baseline_ms, measurement.side_stream_threshold_ms = reference_hidden, threshold
     if hidden_excess > threshold:
         measurement.flags.append(flags.FLAG_SIDE_STREAM)
 

@@ -31,13 +31,6 @@ def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=np.float64)))
 
 
-def lower_quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (linear interpolation), for delays that a disturbance can only lengthen."""
-    if len(values) == 0:
-        raise ValueError("quantile of an empty sequence")
-    return float(np.quantile(np.asarray(values, dtype=np.float64), q))
-
-
 def trimmed_mean(values: Sequence[float], proportion: float = 0.1) -> float:
     """Mean after dropping ``proportion`` of the values at each end (10% by default)."""
     if len(values) == 0:
