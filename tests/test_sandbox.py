@@ -191,6 +191,32 @@ def test_memory_watch_catches_what_the_data_limit_does_not_see(ctx):
     assert result.details.get("memory_exceeded")
 
 
+def test_memory_cap_allows_one_set_not_the_whole_batch_of_sets():
+    """The cap grows with what the worker holds at once (one set, the timing sets, the models),
+    not with every set of the problem: with the cap grown by all of them, a candidate holding
+    6 GB of host memory passed on CUDA."""
+    import torch
+
+    from extensions.verify.candidate_run import _memory_limit_mb
+    from extensions.verify.reference_data import PreparedProblem
+    from extensions.verify.tensor_io import pack
+
+    def prepared(num_sets: int, model_bytes: int = 0) -> PreparedProblem:
+        inputs, expected, sets = {}, {}, []
+        for index in range(num_sets):
+            sets.append({"name": f"s{index}", "timing": index < 2,
+                         "inputs": pack([torch.zeros(1 << 18)], f"s{index}.in", inputs),  # 1 MiB
+                         "expected": pack(torch.zeros(1 << 18), f"s{index}.out", expected)})
+        return PreparedProblem(True, sets=sets, inputs=inputs, expected=expected, model_bytes=model_bytes)
+
+    config = VerifierConfig(memory_limit_mb=3072)
+    assert _memory_limit_mb(config, prepared(3), timing=False) == 3072 + 6  # one set's 2 MiB, three times
+    assert _memory_limit_mb(config, prepared(30), timing=False) == 3072 + 6
+    assert _memory_limit_mb(config, prepared(30), timing=True) == 3072 + 6 + 2  # the two timing sets' inputs
+    assert _memory_limit_mb(config, prepared(3, model_bytes=100 << 20), timing=False) == 3072 + 6 + 200
+    assert _memory_limit_mb(VerifierConfig(memory_limit_mb=0), prepared(3), timing=False) == 0
+
+
 def test_working_directories_are_removed(monkeypatch, tmp_path):
     import tempfile
 

@@ -26,17 +26,28 @@ from .reference_data import PreparedProblem
 from .result import VerifyResult
 from .reward import is_cheating
 from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
+from .tensor_io import TensorIOError, flatten_tensors, load_tensors, pack, tensor_bytes, tensor_parts, unpack
 from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
 
 
-def _memory_limit_mb(config, prepared: PreparedProblem) -> int:
-    """The candidate's cap: ``memory_limit_mb`` plus twice the problem's own tensors (the worker
-    holds the inputs and copies of its outputs on the host), so a large problem is not refused."""
+def _memory_limit_mb(config, prepared: PreparedProblem, timing: bool) -> int:
+    """The candidate's cap: ``memory_limit_mb`` plus what the worker itself holds on the host for
+    this problem: one set at a time, its inputs and outputs three times over (the handed file, the
+    inputs read back after forward, the outputs and, on CUDA, the second run's), the timing sets'
+    inputs, and the reference's and the candidate's parameters (built on the host, then moved).
+    Not every set at once: a candidate allocating 6 GB on the host passed on CUDA when the cap
+    grew with the whole batch of sets."""
     base = int(getattr(config, "memory_limit_mb", 0))
     if base <= 0:
         return 0
-    return base + ((2 * (_bytes_of(prepared.inputs) + _bytes_of(prepared.expected))) >> 20)
+    largest = max((_spec_bytes(s["inputs"], prepared.inputs) + _spec_bytes(s["expected"], prepared.expected)
+                   for s in prepared.sets), default=0)
+    timed = sum(_spec_bytes(spec, prepared.inputs) for spec in _timing_inputs(prepared)[1]) if timing else 0
+    return base + ((3 * largest + timed + 2 * prepared.model_bytes) >> 20)
+
+
+def _spec_bytes(spec: Any, tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in flatten_tensors(unpack(spec, tensors)))
 
 
 def _bytes_of(tensors: dict) -> int:
@@ -72,7 +83,7 @@ class CandidateRun:
             "device": device, "seed": config.seed, "inits": inits, "init_file": "init.safetensors",
             "sets": [self._set_job(s) for s in prepared.sets],
             "allow_library_gemm": config.allow_library_gemm, "timing": timing,
-            "memory_limit_mb": _memory_limit_mb(config, prepared),
+            "memory_limit_mb": _memory_limit_mb(config, prepared, timing is not None),
             "param_noise": {"seed": prepared.param_seed, "keys": prepared.param_keys},
         }
         proc.memory_limit_kb = job["memory_limit_mb"] * 1024

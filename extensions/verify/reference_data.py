@@ -78,6 +78,7 @@ class PreparedProblem:
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
     param_seed: int = 0  # ``param_noise``: the seed and, per init index, the reference's keys
     param_keys: list = field(default_factory=list)
+    model_bytes: int = 0  # the reference model's parameters and buffers (``memory_limit_mb`` allows for them)
     seconds: float = 0.0  # the reference process's wall time (once per problem per batch)
     # Where that time went: the reference's own phases (import, build, save) and the parent's load
     phases: dict = field(default_factory=dict)
@@ -152,6 +153,7 @@ class ProblemPreparer:
             skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
             phases=phases,
             param_seed=int(secret["param_seed"]), param_keys=list(data["param_keys"]),
+            model_bytes=int(data["model_bytes"]),
         )
         # Inputs and expected outputs live in the parent's memory only.
         shutil.rmtree(job_dir, ignore_errors=True)

@@ -374,6 +374,12 @@ class ReferenceBuilder:
         if self.try_add(variation, "values", self.base, seed, lambda inputs: _transform(inputs, fn)):
             self.skipped.append(f"{variation}: without exact zeros and varied float inputs ({why})")
 
+    def model_bytes(self) -> int:
+        """The largest reference model's parameters and buffers: a worker builds the model on the
+        host before it moves it, and the candidate's is about as large (its memory cap allows for both)."""
+        return max((sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+                    for model in self.models), default=0)
+
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float) -> str:
         """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
         the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances), or ''."""
@@ -577,6 +583,7 @@ def run(job_dir: str, secret: dict, started: float) -> None:
         "problem_source": builder.base_source, "constants": builder.values, "notes": builder.notes,
         "init": init_specs[0], "inits": init_specs, "sets": builder.sets, "skipped": builder.skipped,
         "param_keys": builder.param_keys,
+        "model_bytes": builder.model_bytes(),
         "shrunk": builder.values != builder.original_values,
         "phase_s": {name: round(seconds, 4) for name, seconds in phases.items()},
     }
