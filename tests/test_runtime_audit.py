@@ -229,6 +229,23 @@ def test_a_candidate_hiding_work_from_the_timer_is_never_correct():
     assert not is_cheating(["reduced_size"])
 
 
+def test_layout_copies_beside_a_real_triton_pass_are_not_a_decoy():
+    """The GPU-time share on the profiler's kernel list (name, stream, microseconds): a permute in
+    and out around one Triton pass (a third of the time in Triton) is a correct kernel; a
+    one-element launch beside a transposing copy is a decoy."""
+    from extensions.verify.audit import ForwardReport, _cuda_kernel_flags
+
+    def flags_for(kernels):
+        report = ForwardReport(kernel_names={"rms_rows_kernel"})
+        report.cuda_kernels = [("fill_kernel_probe", 7, 1.0)] + [(name, 7, us) for name, us in kernels]
+        return _cuda_kernel_flags(report), report.details["triton_gpu_share"]
+
+    flags, share = flags_for([("direct_copy_kernel", 120.0), ("rms_rows_kernel", 110.0), ("direct_copy_kernel", 120.0)])
+    assert flags == [] and 0.3 < share < 0.35
+    flags, share = flags_for([("rms_rows_kernel", 2.0), ("direct_copy_kernel", 240.0)])
+    assert flags == ["decoy_kernel"] and share < 0.01
+
+
 # -- CUDA: run on a GPU machine with ``python -m pytest -q -m gpu tests/test_runtime_audit.py`` ---------
 
 def _cuda_available() -> bool:
