@@ -1,6 +1,6 @@
 """How far does the ``scale_up`` value set reach on each KernelBench problem? One markdown table.
 
-``scale_up`` spreads each element's magnitude up to 10^t, with t the first of three powers drawn
+``scale_up`` spreads each element's magnitude up to 10^t, with t the first of two powers drawn
 per batch (in [5.5, 6], [4, 4.5]) at which the problem's fp32 reference still matches
 its own fp64 run; otherwise one factor 10^u (u in [2, 3]) for every element. A kernel wrong only
 above some threshold is caught where the set reaches past it. This builds each problem's reference
@@ -59,7 +59,7 @@ def problem_reach(code: str, device: str) -> tuple[str, float, str]:
 def reason_kind(why: str) -> str:
     """The first rung's reason, without the numbers (for counting)."""
     first = why.split(";", 1)[0]
-    return re.sub(r"^1e\d+: ", "", first).strip() or "-"
+    return re.sub(r"^1e[\d.]+: ", "", first).strip() or "-"
 
 
 def main() -> None:

@@ -366,7 +366,7 @@ class ReferenceBuilder:
                 if self.try_add(variation, "values", self.base, seed, everything(spread), exact=True):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     return
-                reasons.append(f"1e{top:.0f}: {self.skipped.pop().split(': ', 1)[-1]}")
+                reasons.append(f"1e{top:.1f}: {self.skipped.pop().split(': ', 1)[-1]}")
             self.skipped.append(f"{variation}: one factor for every element (spread {'; '.join(reasons)})")
         if self.try_add(variation, "values", self.base, seed, everything(fn)):
             return
