@@ -86,7 +86,8 @@ def test_a_few_scalars_read_back_are_not_host_compute(problems, config):
     """Reading a scalar or two (a size, a scale) is ordinary; only bulk reads are flagged."""
     code = relu(forward="first = float(x.reshape(-1)[0]); _ = x.reshape(-1)[:8].tolist()")
     result = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")
-    assert result.correct and result.flags == [], result
+    # reduced_size: advisory, the CPU sets stay far below the problem's billion-odd elements
+    assert result.correct and result.flags == ["reduced_size"], result
 
 
 def test_worker_code_rebound_by_the_candidate_is_audit_tampering(problems, config):
@@ -231,7 +232,7 @@ def test_a_candidate_hiding_work_from_the_timer_is_never_correct():
 
 def test_layout_copies_beside_a_real_triton_pass_are_not_a_decoy():
     """The GPU-time share on the profiler's kernel list (name, stream, microseconds): a permute in
-    and out around one Triton pass (a third of the time in Triton) is a correct kernel; a
+    and out around one Triton pass (a third or a tenth of the time in Triton) is a correct kernel; a
     one-element launch beside a transposing copy is a decoy."""
     from extensions.verify.audit import ForwardReport, _cuda_kernel_flags
 
@@ -242,6 +243,9 @@ def test_layout_copies_beside_a_real_triton_pass_are_not_a_decoy():
 
     flags, share = flags_for([("direct_copy_kernel", 120.0), ("rms_rows_kernel", 110.0), ("direct_copy_kernel", 120.0)])
     assert flags == [] and 0.3 < share < 0.35
+    # Strided transposing copies run far below the bandwidth of one coalesced pass.
+    flags, share = flags_for([("direct_copy_kernel", 500.0), ("rms_rows_kernel", 110.0), ("direct_copy_kernel", 500.0)])
+    assert flags == [] and 0.09 < share < 0.11
     flags, share = flags_for([("rms_rows_kernel", 2.0), ("direct_copy_kernel", 240.0)])
     assert flags == ["decoy_kernel"] and share < 0.01
 
@@ -329,15 +333,15 @@ def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
             assert result.reward == 0.0 and result.flags, result.candidate
 
 
-def test_a_cpu_verdict_without_a_set_above_the_cap_says_reduced_size():
+def test_a_cpu_verdict_below_the_problems_own_size_says_reduced_size():
     from extensions.verify.candidate_run import CandidateRun
     from extensions.verify.judge import PreparedProblem
     from extensions.verify.result import VerifyResult
 
-    def verdict(shrunk: bool, sets_run: list[str]) -> VerifyResult:
+    def verdict(shrunk: bool, sets_run: list[str], problem_numel: int = 400) -> VerifyResult:
         run = CandidateRun.__new__(CandidateRun)
         run.device = "cpu"
-        run.prepared = PreparedProblem(True, shrunk=shrunk, sets=[
+        run.prepared = PreparedProblem(True, shrunk=shrunk, problem_numel=problem_numel, sets=[
             {"name": "base", "kind": "base", "numel": 100},
             {"name": "large", "kind": "wide", "numel": 400, "above_cap": True},
         ])
@@ -349,3 +353,7 @@ def test_a_cpu_verdict_without_a_set_above_the_cap_says_reduced_size():
     skipped = verdict(shrunk=True, sets_run=["base"])
     assert skipped.flags == ["reduced_size"] and "cap" in skipped.details["reduced_size"]
     assert verdict(shrunk=False, sets_run=["base"]).flags == []  # the problem's own sizes ran
+    # Above the cap but below the problem's own size (a kernel that writes only the first 2^18
+    # elements passes there): the verdict still holds at reduced size only.
+    short = verdict(shrunk=True, sets_run=["base", "large"], problem_numel=1_600_000_000)
+    assert short.flags == ["reduced_size"] and "1600000000" in short.details["reduced_size"]
