@@ -1,11 +1,12 @@
 """How far does the ``scale_up`` value set reach on each KernelBench problem? One markdown table.
 
-``scale_up`` spreads each element's magnitude up to 10^t, with t the first of two powers drawn
-per batch (in [5.5, 6], [4, 4.5]) at which the problem's fp32 reference still matches
-its own fp64 run; otherwise one factor 10^u (u in [2, 3]) for every element. A kernel wrong only
+``scale_up`` keeps the problem's own values except a few outliers, spread over the powers of ten
+up to 10^t, with t the first of two powers drawn per batch (in [5.5, 6], [4, 4.5]) at which the
+problem's fp32 reference still matches its own fp64 run within a quarter of the tolerances (atol
+the base set's); otherwise one factor 10^u (u in [2, 3]) for every element. A kernel wrong only
 above some threshold is caught where the set reaches past it. This builds each problem's reference
 sets the way a batch does (a fresh secret per problem) and counts, per level, how many problems got
-which reach, and why the spread was dropped where it was.
+which reach, and why the outliers were dropped where they were.
 
     python bench/value_set_reach.py --device cuda --levels 1 2 3        # GPU, full sizes
     python bench/value_set_reach.py --device cpu --levels 1 --max-minutes 5
@@ -32,7 +33,7 @@ REACHES = ("1e5.5-1e6", "1e4-1e4.5", "one factor", "no set")
 
 
 def problem_reach(code: str, device: str) -> tuple[str, float, str]:
-    """(reach bucket, log10 of the largest |element| of scale_up's inputs, why the spread was dropped)."""
+    """(reach bucket, log10 of the largest |element| of scale_up's inputs, why the outliers were dropped)."""
     import torch
 
     from extensions.config import VerifierConfig
@@ -42,7 +43,7 @@ def problem_reach(code: str, device: str) -> tuple[str, float, str]:
     builder = ReferenceBuilder(code, reference_job(VerifierConfig(), device), draw_secret())
     builder.build()
     chosen = [s for s in builder.sets if s["name"] == "scale_up"]
-    why = next((note.split("(spread ", 1)[-1].rstrip(")") for note in builder.skipped
+    why = next((note.split("(outliers ", 1)[-1].rstrip(")") for note in builder.skipped
                 if note.startswith("scale_up: one factor")), "")
     if not chosen:
         return "no set", float("nan"), why or "; ".join(n for n in builder.skipped if n.startswith("scale_up"))
@@ -103,10 +104,10 @@ def main() -> None:
     print("|---|" + "---:|" * len(REACHES))
     for level in sorted(counts):
         print(f"| {level} | " + " | ".join(str(counts[level][r]) for r in REACHES) + " |")
-    print("\n## Why the widest spread was not kept\n\n| reason | problems |\n|---|---:|")
+    print("\n## Why the highest outliers were not kept\n\n| reason | problems |\n|---|---:|")
     for reason, count in reasons.most_common():
         print(f"| {reason} | {count} |")
-    print("\n## Per problem\n\n| level | id | name | reach | log10 max | s | spread dropped because |")
+    print("\n## Per problem\n\n| level | id | name | reach | log10 max | s | outliers dropped because |")
     print("|---:|---:|---|---|---:|---:|---|")
     for level, pid, name, bucket, largest, why, seconds in rows:
         print(f"| {level} | {pid} | {name} | {bucket} | {largest:.1f} | {seconds:.1f} | {why[:160]} |")

@@ -113,7 +113,8 @@ def test_correct_kernels_pass_every_input_set(results):
         # tiny + base + shape/value variations + one set wider than the problem's own
         sets = r.details["input_sets"]
         assert len(sets) == 5 and sets[0] == "tiny" and sets[-1].startswith("wide_dim"), sets
-        assert r.details["sets_run"] == sets
+        ran = r.details["sets_run"]  # every set; the ones between in an order of the candidate's own
+        assert sorted(ran) == sorted(sets) and ran[:2] == sets[:2] and ran[-1] == sets[-1], ran
         assert all(n >= 1 for n in r.details["launches"])
 
 
@@ -575,7 +576,10 @@ def test_tensor_files_are_safetensors_written_and_read_in_place(tmp_path):
 def test_a_sets_inputs_are_spaced_apart_by_nan_gaps_of_unknown_size():
     """Handed inputs are placed in one buffer with a gap of 512-byte blocks before and after each
     tensor, all bytes 0xFF (NaN): a read past the end of one input meets NaN, never the next input,
-    and the distances differ from set to set."""
+    and the distances differ from set to set. Each input still looks like a tensor of its own
+    (storage offset 0, a storage of its own bytes): a kernel cannot tell that it is being judged."""
+    import ctypes
+
     import torch
 
     from extensions.verify.handed_files import spaced_apart
@@ -590,8 +594,60 @@ def test_a_sets_inputs_are_spaced_apart_by_nan_gaps_of_unknown_size():
         assert torch.equal(pa, a) and torch.equal(pb, b) and torch.equal(placed[1][1][0], torch.arange(5))
         assert placed[1][1][1] == 7 and isinstance(placed[1], list) and isinstance(placed[1][1], tuple)
         assert pa.data_ptr() % 64 == 0 and pb.data_ptr() % 64 == 0
-        flat = torch.as_strided(pa, (pa.numel() + 128,), (1,), pa.storage_offset())
-        assert torch.isnan(flat[pa.numel():]).all()  # past the end of the first input: NaN
+        for placed_tensor in (pa, pb, placed[1][1][0], placed[2]):
+            assert placed_tensor.storage_offset() == 0
+            assert placed_tensor.untyped_storage().nbytes() == placed_tensor.numel() * placed_tensor.element_size()
+        past_end = ctypes.string_at(pa.data_ptr() + pa.numel() * pa.element_size(), 512)
+        assert past_end == b"\xff" * 512  # past the end of the first input: NaN
         distances.add(pb.data_ptr() - pa.data_ptr())
         pa.add_(1.0)  # the originals are untouched by what the candidate does to its copies
     assert torch.equal(a, original) and len(distances) > 1
+
+
+def test_each_candidate_meets_the_varied_sets_in_an_order_of_its_own():
+    """tiny and base first, wide last, the sets between in a secret order per candidate: a forward
+    that counts its calls cannot tell which set it answers (the outliers were always the fifth)."""
+    from extensions.verify.candidate_run import run_order
+
+    kinds = ["tiny", "base", "values", "shape", "values", "values", "seed", "wide"]
+    sets = [{"name": f"set{i}", "kind": kind} for i, kind in enumerate(kinds)]
+    orders = set()
+    for _ in range(30):
+        order = [s["name"] for s in run_order(sets)]
+        assert order[:2] == ["set0", "set1"] and order[-1] == "set7"
+        assert sorted(order) == sorted(s["name"] for s in sets)
+        orders.add(tuple(order))
+    assert len(orders) > 10  # 120 orders of the five between: 30 draws give many
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_inputs_own_their_storage_and_work_as_fresh_tensors():
+    """On the GPU too each handed input owns a storage at offset 0 (a slice of one buffer that keeps
+    it alive), and works wherever a fresh tensor does: a Triton kernel reads it, a side stream may
+    record it."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from extensions.verify.handed_files import spaced_apart
+
+    @triton.jit
+    def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    a, b = torch.randn(1000, 33), torch.randn(7)
+    pa, pb = spaced_apart([a, b], "cuda")
+    for placed, original in ((pa, a), (pb, b)):
+        assert placed.is_cuda and placed.storage_offset() == 0
+        assert placed.untyped_storage().nbytes() == original.numel() * 4
+        assert torch.equal(placed.cpu(), original)
+    out = torch.empty_like(pa)
+    double_kernel[(triton.cdiv(pa.numel(), 1024),)](pa, out, pa.numel(), BLOCK=1024)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        pa.record_stream(side)
+        doubled_again = pa * 2.0
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), 2.0 * a) and torch.equal(doubled_again.cpu(), 2.0 * a)

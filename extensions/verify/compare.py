@@ -12,7 +12,9 @@ Checks, per output tensor (tuples are compared element-wise):
   summed: a correct fp32 GEMM on inputs x100 differs from cuBLAS by ~5e-4 where the output
   crosses zero. rtol and the relative-norm check below are never scaled;
 * relative error ``||out - ref|| / ||ref|| <= max_relative_error`` whenever ``||ref||`` is not ~0,
-  so a near-zero output cannot hide under ``atol`` on small-valued references.
+  so a near-zero output cannot hide under ``atol`` on small-valued references;
+* ``slack``: a per-element addition to the tolerance that the reference computed for its set
+  (``scale_up``'s outliers: how much of each output they account for, times a TF32-sized share).
 """
 from __future__ import annotations
 
@@ -49,21 +51,24 @@ def _describe(value: Any) -> str:
 
 
 def compare_outputs(candidate: Any, reference: Any, config, where: str = "output",
-                    atol_scale: float = 1.0) -> Optional[Mismatch]:
-    """None when ``candidate`` matches ``reference``; else the first mismatch, in one line."""
+                    atol_scale: float = 1.0, slack: Any = None) -> Optional[Mismatch]:
+    """None when ``candidate`` matches ``reference``; else the first mismatch, in one line.
+    ``slack``: None, or per-element tolerance shaped as ``reference`` (tensors where it has them)."""
     import torch
 
     if isinstance(reference, torch.Tensor):
         if not isinstance(candidate, torch.Tensor):
             return Mismatch("structure", f"{where}: expected a tensor, got {_describe(candidate)}")
-        return _compare_tensor(candidate, reference, config, where, atol_scale)
+        return _compare_tensor(candidate, reference, config, where, atol_scale,
+                               slack if isinstance(slack, torch.Tensor) else None)
     if isinstance(reference, (list, tuple)):
         # A single-element tuple and a bare tensor are the same answer to most callers, but not
         # to the contract: the structure must match exactly.
         if not isinstance(candidate, (list, tuple)) or len(candidate) != len(reference):
             return Mismatch("structure", f"{where}: expected {_describe(reference)}, got {_describe(candidate)}")
-        for i, (c, r) in enumerate(zip(candidate, reference)):
-            mismatch = compare_outputs(c, r, config, f"{where}[{i}]", atol_scale)
+        slacks = slack if isinstance(slack, (list, tuple)) and len(slack) == len(reference) else [None] * len(reference)
+        for i, (c, r, s) in enumerate(zip(candidate, reference, slacks)):
+            mismatch = compare_outputs(c, r, config, f"{where}[{i}]", atol_scale, s)
             if mismatch:
                 return mismatch
         return None
@@ -72,7 +77,7 @@ def compare_outputs(candidate: Any, reference: Any, config, where: str = "output
     return None
 
 
-def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0) -> Optional[Mismatch]:
+def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0, slack=None) -> Optional[Mismatch]:
     import torch
 
     if tuple(out.shape) != tuple(ref.shape):
@@ -90,14 +95,18 @@ def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0) -> Op
 
     atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
     atol *= max(1.0, atol_scale)
-    totals = _float_totals(out.reshape(-1), ref.reshape(-1), atol, rtol)
+    if slack is not None and slack.shape != ref.shape:
+        slack = None
+    totals = _float_totals(out.reshape(-1), ref.reshape(-1), atol, rtol,
+                           None if slack is None else slack.reshape(-1))
     if not totals.same_non_finite:
         bad = totals.non_finite_where_finite
         return Mismatch("nan_or_inf", f"{where}: {bad} NaN/Inf values where the reference is finite"
                         if bad else f"{where}: NaN/Inf pattern differs from the reference")
     if totals.outside:
         return Mismatch("values", f"{where}: {totals.outside} of {totals.compared} values outside atol={atol:g} "
-                                  f"rtol={rtol:g} (max abs diff {totals.max_diff:.3g})")
+                                  f"rtol={rtol:g}{' + slack' if slack is not None else ''} "
+                                  f"(max abs diff {totals.max_diff:.3g})")
     ref_norm = math.sqrt(totals.ref_sq)
     if ref_norm > config.min_reference_norm:
         rel = math.sqrt(totals.diff_sq) / ref_norm
@@ -126,7 +135,7 @@ class _FloatTotals:
     out_sq: float = 0.0
 
 
-def _float_totals(out, ref, atol: float, rtol: float) -> _FloatTotals:
+def _float_totals(out, ref, atol: float, rtol: float, slack=None) -> _FloatTotals:
     """Every figure the float comparison needs, in one pass of float64 slices."""
     import torch
 
@@ -134,6 +143,7 @@ def _float_totals(out, ref, atol: float, rtol: float) -> _FloatTotals:
     for start in range(0, out.numel(), _CHUNK):
         o = out[start:start + _CHUNK].double()
         r = ref[start:start + _CHUNK].double()
+        extra = None if slack is None else slack[start:start + _CHUNK].double().abs()
         o_finite, r_finite = torch.isfinite(o), torch.isfinite(r)
         r_all_finite = bool(r_finite.all())
         if not (bool(o_finite.all()) and r_all_finite):
@@ -144,11 +154,13 @@ def _float_totals(out, ref, atol: float, rtol: float) -> _FloatTotals:
             totals.non_finite_where_finite += int((~o_finite & r_finite).sum())
         if not r_all_finite:
             o, r = o[r_finite], r[r_finite]
+            extra = None if extra is None else extra[r_finite]
         if o.numel() == 0:
             continue
         diff = (o - r).abs()
         totals.compared += o.numel()
-        totals.outside += int((diff > atol + rtol * r.abs()).sum())
+        bound = atol + rtol * r.abs()
+        totals.outside += int((diff > (bound if extra is None else bound + extra)).sum())
         totals.max_diff = max(totals.max_diff, float(diff.max()))
         totals.diff_sq += float(torch.dot(diff, diff))
         totals.ref_sq += float(torch.dot(r, r))

@@ -79,6 +79,9 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
 # integer ones). Read straight from the handed file, a set's inputs would lie back to back, and a
 # kernel reading past the end of one input would read the next one: a cat that copies 2n elements
 # from its first input was judged correct on CPU. A gap of unknown size makes such a read NaN.
+# Each input owns a storage of its own bytes (storage offset 0, as a fresh tensor): a view into
+# the buffer would tell a kernel that it is being judged (``x.storage_offset() > 0``), and one
+# right only then passed.
 _GAP_BLOCK = 512
 
 
@@ -98,10 +101,12 @@ def spaced_apart(values: list, device: str) -> list:
         slots.append((end, size))
         end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
     end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
-    buffer = torch.full((end,), 255, dtype=torch.uint8, device=device)
+    buffer = torch.full((end,), 255, dtype=torch.uint8, device=device).untyped_storage()
     placed = {}
     for tensor, (offset, size) in zip(tensors, slots):
-        view = buffer[offset:offset + size].view(tensor.dtype).view(tensor.shape)
+        # A slice of a storage is a storage of its own that keeps the buffer alive.
+        own = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer[offset:offset + size])
+        view = own.view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         placed[id(tensor)] = view
     return map_tensors(values, lambda t: placed[id(t)])

@@ -28,6 +28,15 @@ def numel_of(values: Any) -> int:
     return 0
 
 
+def meta_input_numel(source: str) -> int:
+    """Elements of a problem's inputs (``get_inputs()``), measured on the meta device."""
+    import torch
+
+    module = load_problem(source)
+    with torch.device("meta"):
+        return numel_of(list(module.get_inputs()))
+
+
 def meta_numel(source: str) -> int:
     """Input + parameter elements of a problem, measured on the meta device (no memory used)."""
     import torch

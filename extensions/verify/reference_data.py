@@ -42,6 +42,9 @@ def draw_secret() -> dict:
             # correct kernel's fourth powers (a product of two sums of squares) overflow fp32 near
             # 1e9, where the reference's own formula may not.
             "scale_up_tops": [rng.uniform(5.5, 6.0), rng.uniform(4.0, 4.5)],
+            # The share of elements that are large in that set: too few for a sample of a few
+            # dozen to find one (``reference_worker.with_outliers``).
+            "scale_up_share": 10 ** rng.uniform(-3.3, -2.7),
             # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
             "shift": rng.uniform(1.5, 3.5),
             "shift_scale": 10 ** rng.uniform(2.0, 2.5),
@@ -78,6 +81,7 @@ class PreparedProblem:
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
+    problem_numel: int = 0  # the elements of the problem's own inputs (0: not measured)
     param_seed: int = 0  # ``param_noise``: the seed and, per init index, the reference's keys
     param_keys: list = field(default_factory=list)
     model_bytes: int = 0  # the reference model's parameters and buffers (``memory_limit_mb`` allows for them)
@@ -153,6 +157,7 @@ class ProblemPreparer:
             inits=data.get("inits") or [data["init"]], sets=data["sets"],
             inputs=inputs, expected=expected,
             skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
+            problem_numel=int(data.get("problem_numel") or 0),
             phases=phases,
             param_seed=int(secret["param_seed"]), param_keys=list(data["param_keys"]),
             model_bytes=int(data["model_bytes"]),

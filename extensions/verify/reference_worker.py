@@ -11,17 +11,16 @@ out-of-memory in the reference cannot take the verifier down; it never sees a ca
 Input sets: ``tiny`` (batch-like constants set to 2), ``base`` (the problem's sizes, shrunk on CPU
 to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes; constants that
 feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
-the same seed), other values (mapped to both signs, then large (spread over many powers of ten,
-as far as the fp32 reference stays exact), then all negative far from zero, then small; exact
-zeros in some places and the problem's Python float inputs varied, with parameters drawn per
-batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
+the same seed), other values (mapped to both signs, then large (the problem's own values with a few
+outliers spread over many powers of ten, as far as the fp32 reference stays exact; else every
+element times one factor), then all negative far from zero, then small; exact zeros in some places
+and the problem's Python float inputs varied, with parameters drawn per batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
 (and, on CPU, whose elements exceed the cap). A variation whose reference fails or turns
 non-finite is skipped and reported.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Any, Callable
 from .problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name, odd_size,
                                 rewrite_constants, shrink_step, varied_scalar)
 from .param_noise import apply_parameter_noise, constant_parameter_keys
-from .problem_sizes import load_problem, meta_forward_runs, meta_numel, numel_of, shrink_to_cap
+from .problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from .tensor_io import map_tensors, pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
@@ -40,7 +39,7 @@ TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then large values (past the
-# range of fp32 ``exp``, and past a threshold below 10^t, ``spread_up``), then all-negative ones
+# range of fp32 ``exp``, and past a threshold below 10^t, ``with_outliers``), then all-negative ones
 # far from zero (a maximum or a softmax started at 0, an activation wrong below some threshold),
 # then small ones. Large values keep the problem's signs: a sum of large terms of both signs
 # cancels, and its rounding error outgrows any tolerance measured on the output.
@@ -73,25 +72,51 @@ def value_transforms(params: dict) -> dict[str, Callable]:
     }
 
 
-def spread_up(params: dict, top: float) -> Callable:
-    """``scale_up`` with magnitudes spread over many powers of ten: each element times
-    ``10^(u + r·(top − u))``, ``r`` uniform per element, ``10^u`` the uniform ``scale_up`` factor.
-    A kernel right below some large threshold only (a sigmoid that returns 0 above 1500) is right
-    on any set whose largest element stays below it; this set reaches ``10^top``."""
-    low = math.log10(float(params["scale_up"]))
+# Outliers per tensor at least (all of a smaller one): a kernel wrong in some band of magnitudes
+# (a ReLU that returns 0 between 3.5 and 7) meets about thirteen in a band of a factor two, one
+# wrong above 10^5 about ten; a sample of 16 elements of a 65536-element tensor finds one in 6%
+# of batches (on CUDA's full sizes the secret share, 0.05-0.2% of the elements, decides).
+OUTLIERS_MIN = 256
 
-    def spread(x):
+
+def with_outliers(params: dict, top: float) -> Callable:
+    """``scale_up`` as outliers: the problem's own values, except a secret share of the elements
+    (``scale_up_share``, at least ``OUTLIERS_MIN``) times ``10^(r·top)``, ``r`` uniform per
+    element. A kernel right below some large threshold only (a sigmoid that returns 0 above 1500)
+    is right on any set whose largest element stays below it; this set reaches ``10^top``. Few and
+    at secret places: a kernel that samples a few dozen elements to choose between a fragile path
+    and an exact one (a softmax without its maximum unless the sample looks large) sees the
+    problem's own values and takes the fragile path; where every element is scaled, any sample
+    shows it. Neither exact zeros nor other Python floats: they would tell the set from the base."""
+    share = float(params["scale_up_share"])
+
+    def outliers(x):
         import torch
 
-        power = low + torch.rand(x.shape, device=x.device, dtype=torch.float64) * (top - low)
-        return (x.double() * torch.pow(10.0, power)).to(x.dtype)
+        if not x.numel():
+            return x
+        count = min(x.numel(), max(OUTLIERS_MIN, round(share * x.numel())))
+        flat = x.reshape(-1).double()
+        if 4 * count >= x.numel():  # distinct places; on a large tensor a repeat or two costs nothing
+            where = torch.randperm(x.numel(), device=x.device)[:count]
+        else:
+            where = torch.randint(0, x.numel(), (count,), device=x.device)
+        power = torch.rand(count, device=x.device, dtype=torch.float64) * top
+        flat[where] = flat[where] * torch.pow(10.0, power)
+        return flat.reshape(x.shape).to(x.dtype)
 
-    return spread
+    return outliers
 
 
-# The fp32 reference must match its own fp64 run within this share of each tolerance before a
-# spread ``scale_up`` is kept: the rest is left to a correct kernel's own rounding.
+# The fp32 reference must match its own fp64 run within this share of each tolerance before
+# ``scale_up``'s outliers are kept: the rest is left to a correct kernel's own rounding.
 EXACTNESS_MARGIN = 0.25
+# On the outliers set each output element may also be off by this share of what the outliers
+# account for in it (the fp64 model on |inputs| with and without them): a correct GEMM in TF32,
+# tl.dot's default for fp32, rounds each product to ~1e-3, and an output that one outlier's product
+# dominates is off by that much, ten times rtol. A wrong value there (0 for relu(5), an overflow)
+# is off by the whole value. Where outliers cancel, the magnitudes of |inputs| still count.
+OUTLIER_SLACK = 1e-2
 
 
 def same_init(a: Any, b: Any) -> bool:
@@ -183,8 +208,8 @@ class ReferenceBuilder:
         self.seed = int(job["seed"])  # construction seed: both models are built right after it
         self.input_seed = int(secret["input_seed"])  # drawn per batch, never seen by a candidate
         self.transforms = value_transforms(secret["transforms"])
-        self.spreads = [(top, spread_up(secret["transforms"], float(top)))
-                        for top in secret["transforms"]["scale_up_tops"]]
+        self.outliers = [(top, with_outliers(secret["transforms"], float(top)))
+                         for top in secret["transforms"]["scale_up_tops"]]
         self.exactness = _scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
         self.fp64_models: dict[int, Any] = {}
         self.cap = int(job["max_input_numel"])
@@ -257,10 +282,12 @@ class ReferenceBuilder:
         return list(module.get_inputs())
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                exact: bool = False) -> bool:
+                exact: bool = False, atol_scale: float | None = None, slack: Any = None) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
-        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run."""
+        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
+        ``atol_scale``: the set's own, where its output's growth would overstate it; ``slack``:
+        per-element tolerance added to it (``compare``)."""
         import torch
 
         try:
@@ -284,15 +311,16 @@ class ReferenceBuilder:
         # shrinks below 1). Where the base output is all zero (a ReLU after a subtraction) there
         # is nothing to measure against, and the inputs' growth stands in: a GEMM on inputs x1000
         # differs from another order of summation by ~1e-3 where its output crosses zero.
-        atol_scale = 1.0
-        if transform is not None:
-            if self.base_output_rms:
-                grown = _rms(out) / self.base_output_rms
-            else:
-                grown = _rms(inputs) / self.base_input_rms if self.base_input_rms else 1.0
-            atol_scale = max(1.0, grown)
+        if atol_scale is None:
+            atol_scale = 1.0 if transform is None else self._growth(inputs, out)
+        if slack is not None:
+            try:
+                slack = _like(slack, out)
+            except (TypeError, ValueError) as exc:
+                self.skipped.append(f"{name}: slack differs in structure ({exc})")
+                return False
         if exact:
-            why = self._inexact(init_index, inputs, out, atol_scale)
+            why = self._inexact(init_index, inputs, out, atol_scale, slack)
             if why:
                 self.skipped.append(f"{name}: {why}")
                 return False
@@ -304,7 +332,16 @@ class ReferenceBuilder:
             "inputs": pack(inputs, f"s{index}.in", self.tensors),
             "expected": pack(out, f"s{index}.out", self.expected),
         })
+        if slack is not None:
+            self.sets[-1]["slack"] = pack(slack, f"s{index}.slack", self.expected)
         return True
+
+    def _growth(self, inputs: list, out: Any) -> float:
+        if self.base_output_rms:
+            grown = _rms(out) / self.base_output_rms
+        else:
+            grown = _rms(inputs) / self.base_input_rms if self.base_input_rms else 1.0
+        return max(1.0, grown)
 
     def build(self) -> None:
         job = self.job
@@ -359,15 +396,26 @@ class ReferenceBuilder:
             return transform
 
         if variation == "scale_up":
-            # Highest spread first; each kept only where the fp32 reference is still exact there
-            # (a sum of squares overflows, cuDNN's TF32 rounds): otherwise the uniform factor.
+            # Highest top first; each kept only where the fp32 reference is still exact there
+            # (a sum of squares overflows, cuDNN's TF32 rounds): otherwise the uniform factor. atol
+            # stays the base set's: all but the outliers are the problem's own values, and a
+            # set-wide scale grown with the outliers would let a kernel wrong on the values
+            # between (a ReLU that returns 0 between 3.5 and 7) pass; outliers are held to rtol.
             reasons = []
-            for top, spread in self.spreads:
-                if self.try_add(variation, "values", self.base, seed, everything(spread), exact=True):
+            for top, outliers in self.outliers:
+                drawn = self.draw_inputs(self.base, seed)
+                varied = _transform(drawn, outliers)
+                try:
+                    slack = self._outlier_slack(self.init_index(self.base), drawn, varied)
+                except Exception as exc:  # noqa: BLE001 - an op without fp64, or not on |inputs|
+                    reasons.append(f"1e{top:.1f}: no fp64 reference on |inputs| ({type(exc).__name__})")
+                    continue
+                if self.try_add(variation, "values", self.base, seed, lambda _drawn, varied=varied: varied,
+                                exact=True, atol_scale=1.0, slack=slack):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     return
                 reasons.append(f"1e{top:.1f}: {self.skipped.pop().split(': ', 1)[-1]}")
-            self.skipped.append(f"{variation}: one factor for every element (spread {'; '.join(reasons)})")
+            self.skipped.append(f"{variation}: one factor for every element (outliers {'; '.join(reasons)})")
         if self.try_add(variation, "values", self.base, seed, everything(fn)):
             return
         why = self.skipped.pop().split(": ", 1)[-1]
@@ -380,32 +428,66 @@ class ReferenceBuilder:
         return max((sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
                     for model in self.models), default=0)
 
-    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float) -> str:
-        """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
-        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances), or ''."""
+    def _fp64(self, init_index: int, inputs: list, magnitudes: bool = False) -> Any:
+        """The model of ``init_index`` run in fp64 on ``inputs`` (their absolute values with
+        ``magnitudes``); raises what the model raises."""
         import copy
 
         import torch
 
-        from .compare import compare_outputs
-
         if init_index not in self.fp64_models:
             self.fp64_models[init_index] = copy.deepcopy(self.models[init_index]).double()
-        wide = map_tensors(inputs, lambda t: (t.double() if t.is_floating_point() else t).to(self.device))
+
+        def widen(t):
+            if not t.is_floating_point():
+                return t.to(self.device)
+            t = t.double()
+            return (t.abs() if magnitudes else t).to(self.device)
+
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)  # tensors the forward creates match its inputs
         try:
             with torch.no_grad():
-                exact = self.fp64_models[init_index](*wide)
-        except Exception as exc:  # noqa: BLE001 - an op without fp64: the spread is not kept
-            return f"no fp64 reference ({type(exc).__name__})"
+                return self.fp64_models[init_index](*map_tensors(inputs, widen))
         finally:
             torch.set_default_dtype(default)
+
+    def _outlier_slack(self, init_index: int, drawn: list, varied: list) -> Any:
+        """``OUTLIER_SLACK`` times what the outliers account for in each output element, measured
+        on magnitudes (the fp64 model on |varied| minus on |drawn|), so that outliers of both
+        signs that cancel still count with their size."""
+        import torch
+
+        with_outliers, without = self._fp64(init_index, varied, True), self._fp64(init_index, drawn, True)
+
+        def difference(a, b):
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
+                if not a.is_floating_point():  # compared exactly: no slack
+                    return torch.zeros(a.shape, dtype=torch.float64, device=a.device)
+                return torch.nan_to_num((a - b).abs() * OUTLIER_SLACK, nan=0.0, posinf=0.0)
+            if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+                return type(a)(difference(x, y) for x, y in zip(a, b))
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                raise ValueError("outputs of another structure on |inputs|")
+            return a
+
+        return difference(with_outliers, without)
+
+    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
+        """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
+        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances and of ``slack``), or ''."""
+        from .compare import compare_outputs
+
+        try:
+            exact = self._fp64(init_index, inputs)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: no outliers
+            return f"no fp64 reference ({type(exc).__name__})"
         try:
             exact = _like(exact, out)
         except (TypeError, ValueError) as exc:
             return f"fp64 reference differs in structure ({exc})"
-        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale)
+        margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
+        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale, slack=margin)
         return f"fp32 reference off its fp64 run ({mismatch.reason})" if mismatch else ""
 
     def _constructor_arguments(self) -> dict[str, float | int]:
@@ -554,6 +636,13 @@ class ReferenceBuilder:
                     break
                 size //= 2
 
+    def problem_numel(self) -> int:
+        """The elements of the problem's own inputs (0 where they cannot be measured)."""
+        try:
+            return meta_input_numel(self.original_source)
+        except Exception:  # noqa: BLE001 - a problem whose inputs need a real device
+            return 0
+
     def _mark_above_cap(self, values: dict[str, int]) -> None:
         self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(
             rewrite_constants(self.original_source, values)) > self.cap
@@ -585,6 +674,7 @@ def run(job_dir: str, secret: dict, started: float) -> None:
         "param_keys": builder.param_keys,
         "model_bytes": builder.model_bytes(),
         "shrunk": builder.values != builder.original_values,
+        "problem_numel": builder.problem_numel(),
         "phase_s": {name: round(seconds, 4) for name, seconds in phases.items()},
     }
     tmp = os.path.join(job_dir, "prepared.json.tmp")

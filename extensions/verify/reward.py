@@ -49,7 +49,7 @@ ADVISORY_FLAGS = frozenset({
     "library_gemm_allowed",   # library GEMM/conv ran and the config allows it (see allowed_library_calls)
     # from the timer, which already charged the candidate for them:
     "timing_budget_cut", "event_wall_mismatch", "memoization_suspected", "single_input_set",
-    # CPU: no input set above the element cap ran (the verdict holds at the shrunk sizes)
+    # CPU: no input set at the problem's own size ran (the verdict holds at the sizes run)
     "reduced_size",
 })
 
