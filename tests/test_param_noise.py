@@ -98,7 +98,8 @@ def test_constructor_arguments_vary_except_axes():
     job = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 0}
     secret = {"input_seed": 1, "param_seed": 2, "scalar_factor": 1.5,
               "transforms": {"signed": [4.0, 2.0, 1.0], "scale_down": 1e-3, "scale_up": 1e2, "shift": 2.0,
-                             "shift_scale": 100.0, "scale_up_tops": [5.5, 4.0]}}
+                             "shift_scale": 100.0, "scale_up_tops": [5.5, 4.0],
+                             "scale_up_share": 1e-3}}
     builder = ReferenceBuilder(CONV_PROBLEM, job, secret)
     # kernel_size moves one step; the multiplier is whole, so it does too; the axis stays.
     assert builder._constructor_arguments() == {"kernel_size": 4, "multiplier": 3.0}
