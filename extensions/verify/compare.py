@@ -14,7 +14,8 @@ Checks, per output tensor (tuples are compared element-wise):
 * relative error ``||out - ref|| / ||ref|| <= max_relative_error`` whenever ``||ref||`` is not ~0,
   so a near-zero output cannot hide under ``atol`` on small-valued references;
 * ``slack``: a per-element addition to the tolerance that the reference computed for its set
-  (``scale_up``'s outliers: how much of each output they account for, times a TF32-sized share).
+  (``scale_up``'s outliers where the problem multiplies tensors: a TF32-sized share of the sum of
+  each output's products' magnitudes).
 """
 from __future__ import annotations
 
