@@ -145,13 +145,13 @@ def test_outlier_products_in_tf32_pass_and_wrong_values_do_not():
 def test_a_peek_at_any_element_of_a_large_set_sees_the_problems_own_value():
     """On a set the size of a CPU-shrunk KernelBench problem (49152 elements) the outliers are at
     most OUTLIERS_MIN of them: a kernel that peeks at one element to choose a fragile path or an
-    exact one sees an outlier in at most 0.53% of batches, and takes the fragile path in the rest
+    exact one sees an outlier in about 1% of batches, and takes the fragile path in the rest
     (a softmax without its row maximum, peeking, was rejected; the candidate is not a fixture, as
-    it passes in that 0.5%)."""
+    it passes in that 1%)."""
     source = SCALED.replace("rows = 64", "rows = 256").replace("cols = 64", "cols = 192")
     builder = ReferenceBuilder(source, {**JOB, "max_input_numel": 65536}, draw_secret())
     builder.build()
     large, _ = _inputs(builder, "scale_up")
     assert large.numel() == 49152
     changed = int((large.abs() >= 1.0).sum())  # torch.rand's own values are in [0, 1)
-    assert 0.8 * OUTLIERS_MIN <= changed <= OUTLIERS_MIN and changed / large.numel() < 0.0053, changed
+    assert 0.8 * OUTLIERS_MIN <= changed <= OUTLIERS_MIN and changed / large.numel() < 0.011, changed
