@@ -197,7 +197,8 @@ class CandidateRun:
         that, and no CPU set of a KernelBench problem comes near its billion elements."""
         if self.device != "cpu" or not self.prepared.shrunk or "reduced_size" in self.result.flags:
             return
-        ran = [s for s in self.prepared.sets if s["name"] in set(self.result.details.get("sets_run", []))]
+        names_run = set(self.result.details.get("sets_run", []))
+        ran = [s for s in self.prepared.sets if s["name"] in names_run]
         if not any(s.get("above_cap") for s in ran):
             self._note_reduced_size("no input set above the CPU element cap could be built")
             return

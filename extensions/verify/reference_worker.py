@@ -11,12 +11,12 @@ out-of-memory in the reference cannot take the verifier down; it never sees a ca
 Input sets: ``tiny`` (batch-like constants set to 2), ``base`` (the problem's sizes, shrunk on CPU
 to ``cpu_max_input_numel``), other shapes (module-level constants set to odd sizes; constants that
 feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
-the same seed), other values (mapped to both signs, then large (the problem's own values with a few
-outliers spread over many powers of ten, as far as the fp32 reference stays exact; else every
+the same seed), other values (mapped to both signs, then large (the problem's own values with a
+few outliers spread over many powers of ten, as far as the fp32 reference stays exact; else every
 element times one factor), then all negative far from zero, then small; exact zeros in some places
-and the problem's Python float inputs varied, with parameters drawn per batch) and one ``wide`` set whose non-batch sizes exceed the problem's own
-(and, on CPU, whose elements exceed the cap). A variation whose reference fails or turns
-non-finite is skipped and reported.
+and the problem's Python float inputs varied, with parameters drawn per batch) and one ``wide``
+set whose non-batch sizes exceed the problem's own (and, on CPU, whose elements exceed the cap).
+A variation whose reference fails or turns non-finite is skipped and reported.
 """
 from __future__ import annotations
 
@@ -41,8 +41,10 @@ WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # with torch.rand, all positive, where ReLU and identity agree), then large values (past the
 # range of fp32 ``exp``, and past a threshold below 10^t, ``with_outliers``), then all-negative ones
 # far from zero (a maximum or a softmax started at 0, an activation wrong below some threshold),
-# then small ones. Large values keep the problem's signs: a sum of large terms of both signs
-# cancels, and its rounding error outgrows any tolerance measured on the output.
+# then small ones. The large values are few (``with_outliers``) and of either sign where the
+# fp32 reference stays exact with them; the uniform factor that stands in elsewhere keeps the
+# problem's signs: a sum of large terms of both signs cancels, and its rounding error outgrows
+# any tolerance measured on the output.
 VALUE_VARIATIONS = ("signed", "scale_up", "shift", "scale_down")
 # Sets whose elements are also exactly zero in about this share of places (not ``shift``: a zero
 # there would be the maximum a reduction started at 0 needs).
@@ -84,8 +86,9 @@ def with_outliers(params: dict, top: float, either_sign: bool) -> Callable:
     """``scale_up`` as outliers: the problem's own values, except a secret share of the elements
     (``scale_up_share``, at least ``OUTLIERS_MIN``) times ``10^(r·top)``, ``r`` uniform per
     element, and with ``either_sign`` times -1 for about half of them (the problem's
-    ``torch.rand`` draws no negative value, and a LeakyReLU wrong below -2000 met none). A kernel right below some large threshold only (a sigmoid that returns 0 above 1500)
-    is right on any set whose largest element stays below it; this set reaches ``10^top``. Few and
+    ``torch.rand`` draws no negative value, and a LeakyReLU wrong below -2000 met none). A kernel
+    right below some large threshold only (a sigmoid that returns 0 above 1500) is right on any
+    set whose largest element stays below it; this set reaches ``10^top``. Few and
     at secret places: a kernel that samples a few dozen elements to choose between a fragile path
     and an exact one (a softmax without its maximum unless the sample looks large) sees the
     problem's own values and takes the fragile path; where every element is scaled, any sample
@@ -292,12 +295,13 @@ class ReferenceBuilder:
         return list(module.get_inputs())
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                exact: bool = False, atol_scale: float | None = None, slack: Any = None) -> bool:
+                exact: bool = False, atol_scale: float | None = None,
+                slack_for: Callable[[int, list], Any] | None = None) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
         in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
-        ``atol_scale``: the set's own, where its output's growth would overstate it; ``slack``:
-        per-element tolerance added to it (``compare``)."""
+        ``atol_scale``: the set's own, where its output's growth would overstate it; ``slack_for``:
+        (init index, inputs) -> per-element tolerance added to it (``compare``), or None."""
         import torch
 
         try:
@@ -323,11 +327,13 @@ class ReferenceBuilder:
         # differs from another order of summation by ~1e-3 where its output crosses zero.
         if atol_scale is None:
             atol_scale = 1.0 if transform is None else self._growth(inputs, out)
-        if slack is not None:
+        slack = None
+        if slack_for is not None:
             try:
-                slack = _like(slack, out)
-            except (TypeError, ValueError) as exc:
-                self.skipped.append(f"{name}: slack differs in structure ({exc})")
+                slack = slack_for(init_index, inputs)
+                slack = None if slack is None else _like(slack, out)
+            except Exception as exc:  # noqa: BLE001 - an op without fp64, or not on |inputs|
+                self.skipped.append(f"{name}: no fp64 reference on |inputs| ({type(exc).__name__})")
                 return False
         if exact:
             why = self._inexact(init_index, inputs, out, atol_scale, slack)
@@ -414,14 +420,9 @@ class ReferenceBuilder:
             reasons = []
             for top, either, outliers in self.outliers:
                 label = f"1e{top:.1f}{' either sign' if either else ''}"
-                varied = _transform(self.draw_inputs(self.base, seed), outliers)
-                try:
-                    slack = self._tf32_slack(self.init_index(self.base), varied)
-                except Exception as exc:  # noqa: BLE001 - an op without fp64, or not on |inputs|
-                    reasons.append(f"{label}: no fp64 reference on |inputs| ({type(exc).__name__})")
-                    continue
-                if self.try_add(variation, "values", self.base, seed, lambda _drawn, varied=varied: varied,
-                                exact=True, atol_scale=1.0, slack=slack):
+                if self.try_add(variation, "values", self.base, seed,
+                                lambda inputs, outliers=outliers: _transform(inputs, outliers),
+                                exact=True, atol_scale=1.0, slack_for=self._tf32_slack):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     self.sets[-1]["outlier_signs"] = "either" if either else "own"
                     return
@@ -473,13 +474,13 @@ class ReferenceBuilder:
             seen = False
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func.__name__.split(".")[0]
-                Products.seen = Products.seen or any(part in name for part in PRODUCT_OPS)
+                self.seen = self.seen or any(part in func.__name__.split(".")[0] for part in PRODUCT_OPS)
                 return func(*args, **(kwargs or {}))
 
-        with Products():
+        products = Products()
+        with products:
             magnitudes = self._fp64(init_index, varied, True)
-        if not Products.seen:
+        if not products.seen:
             return None
 
         def scaled(a):
