@@ -12,7 +12,7 @@ import torch
 
 from extensions.config import VerifierConfig
 from extensions.verify.reference_data import draw_secret, reference_job
-from extensions.verify.reference_worker import OUTLIERS_MIN, ReferenceBuilder
+from extensions.verify.reference_worker import NEGATIVE_LINES_MAX, OUTLIERS_MIN, ReferenceBuilder
 
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 4096, "tiny_first": False,
        "num_tests": 5, "shape_variations": False}
@@ -60,7 +60,11 @@ def test_default_sets_reach_zeros_negatives_and_other_scalars():
     assert scalar != 3.14  # the scalar from get_inputs is not the problem's own
 
     shifted, _ = _inputs(builder, "shift")
-    assert shifted.max() <= -100, float(shifted.max())  # all negative and far from zero: exp underflows
+    # Whole rows and whole columns negative, at least one of each far from zero (exp underflows
+    # there); everywhere else the problem's own torch.rand values.
+    assert (shifted <= -150).all(1).any() and (shifted <= -150).all(0).any(), shifted
+    lines = (shifted < 0).all(1)[:, None] | (shifted < 0).all(0)[None, :]
+    assert ((shifted >= 0) & (shifted < 1) | lines).all()
 
     large, scalar = _inputs(builder, "scale_up")
     outliers = large[large.abs() >= 1.0]  # torch.rand's own values are in [0, 1)
@@ -155,3 +159,40 @@ def test_a_peek_at_any_element_of_a_large_set_sees_the_problems_own_value():
     assert large.numel() == 49152
     changed = int((large.abs() >= 1.0).sum())  # torch.rand's own values are in [0, 1)
     assert 0.8 * OUTLIERS_MIN <= changed <= OUTLIERS_MIN and changed / large.numel() < 0.011, changed
+
+
+def test_negative_lines_cross_every_axis_and_leave_a_peek_the_problems_own_values():
+    """``shift`` makes a few whole lines along each axis negative: whichever axes a kernel reduces
+    over (a softmax's rows, a maximum over the middle axis), one of its reductions sees only
+    values far below zero, and a maximum started at 0 fails there; elsewhere the problem's own
+    values, so a kernel that peeks at one element to recognise the set (and take its exact path
+    only there) sees a line in about 3% of batches on a 256 x 192 CPU set, where every element
+    used to be shifted."""
+    source = SCALED.replace("rows = 64", "rows = 256").replace("cols = 64", "cols = 192")
+    builder = ReferenceBuilder(source, {**JOB, "max_input_numel": 65536}, draw_secret())
+    builder.build()
+    shifted, _ = _inputs(builder, "shift")
+    (chosen,) = [s for s in builder.sets if s["name"] == "shift"]
+    assert chosen.get("negative_lines"), builder.skipped
+    rows, cols = (shifted < 0).all(1), (shifted < 0).all(0)
+    assert 1 <= int(rows.sum()) <= NEGATIVE_LINES_MAX and 1 <= int(cols.sum()) <= NEGATIVE_LINES_MAX
+    assert (shifted[rows] <= -150).all(1).any() and (shifted[:, cols] <= -150).all(0).any()
+    assert (shifted < 0).float().mean() <= NEGATIVE_LINES_MAX * (1 / 256 + 1 / 192)
+
+    middle = SCALED.replace("A, s):", "A):").replace("return A * s", "return torch.amax(A, dim=1)").replace(
+        "[torch.rand(rows, cols), 3.14]", "[torch.rand(8, rows, cols)]")
+    builder = ReferenceBuilder(middle, JOB, draw_secret())
+    builder.build()
+    (shifted,) = _inputs(builder, "shift")
+    (chosen,) = [s for s in builder.sets if s["name"] == "shift"]
+    expected = builder.expected[chosen["expected"]["tensor"]]
+    assert (expected < -100).any()  # a maximum started at 0 returns 0 there
+    assert torch.equal(expected, shifted.amax(dim=1))
+
+
+def test_a_tensor_with_one_long_axis_is_shifted_whole():
+    """A line along a vector's only axis is the vector: lines cannot hide there, every element is."""
+    vector = SCALED.replace("A, s):", "A):").replace("return A * s", "return torch.softmax(A, dim=0)").replace(
+        "[torch.rand(rows, cols), 3.14]", "[torch.rand(1, rows * cols)]")
+    (shifted,) = _inputs(_built(vector), "shift")
+    assert shifted.max() <= -150, float(shifted.max())

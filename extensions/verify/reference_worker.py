@@ -13,7 +13,8 @@ to ``cpu_max_input_numel``), other shapes (module-level constants set to odd siz
 feed ``get_init_inputs()`` included, so constructor sizes vary too and the model is rebuilt from
 the same seed), other values (mapped to both signs, then large (the problem's own values with a
 few outliers spread over many powers of ten, as far as the fp32 reference stays exact; else every
-element times one factor), then all negative far from zero, then small; exact zeros in some places
+element times one factor), then whole lines along every axis negative (a few at secret places,
+some far from zero; where the fp32 reference is not exact with them, every element), then small; exact zeros in some places
 and the problem's Python float inputs varied, with parameters drawn per batch) and one ``wide``
 set whose non-batch sizes exceed the problem's own (and, on CPU, whose elements exceed the cap).
 A variation whose reference fails or turns non-finite is skipped and reported.
@@ -39,9 +40,9 @@ TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then large values (past the
-# range of fp32 ``exp``, and past a threshold below 10^t, ``with_outliers``), then all-negative ones
-# far from zero (a maximum or a softmax started at 0, an activation wrong below some threshold),
-# then small ones. The large values are few (``with_outliers``) and of either sign where the
+# range of fp32 ``exp``, and past a threshold below 10^t, ``with_outliers``), then whole lines of
+# negative values, some far from zero (a maximum or a softmax started at 0, an activation wrong
+# below some threshold; ``with_negative_lines``), then small ones. The large values are few (``with_outliers``) and of either sign where the
 # fp32 reference stays exact with them; the uniform factor that stands in elsewhere keeps the
 # problem's signs: a sum of large terms of both signs cancels, and its rounding error outgrows
 # any tolerance measured on the output.
@@ -55,7 +56,7 @@ WITH_ZEROS = ("signed", "scale_up", "scale_down")
 def value_transforms(params: dict) -> dict[str, Callable]:
     """The value variations for one batch, from parameters the parent drew (see ``reference_data.draw_secret``):
     ``signed`` ``±(x*a - b)``, ``scale_down``/``scale_up`` ``x*s``, ``shift`` ``(x - max(x) - d) * s``
-    (every element negative, far from zero)."""
+    (every element negative, far from zero: where ``with_negative_lines`` cannot be used)."""
     a, b, sign = params["signed"]
     down, up = float(params["scale_down"]), float(params["scale_up"])
     below, spread = float(params["shift"]), float(params["shift_scale"])
@@ -72,6 +73,47 @@ def value_transforms(params: dict) -> dict[str, Callable]:
         "scale_up": lambda x: x * up,
         "shift": shifted,
     }
+
+
+# Lines made wholly negative in the ``shift`` set, per axis at most (one on an axis shorter than 64:
+# each line there is a large share of the tensor, and a peek would find one).
+NEGATIVE_LINES_MAX = 3
+
+
+def with_negative_lines(params: dict) -> Callable:
+    """``shift`` as lines: the problem's own values, except whole lines along every axis (of two or
+    more elements) at secret places, a few per axis, at ``(x - max(x) - d) * s``: the first line
+    of each axis far from zero (``s`` the batch's ``shift_scale``, every element at -150 or
+    below: exp underflows), the others at ``s = 10^u``, u in [0, 2.5], from -1.5 down. A line
+    along one axis lies wholly in a line of another, so whatever axes a kernel reduces over
+    (one row of a softmax, a pooling window, a channel of a LayerNorm), some of its reductions
+    see only negative values, and a maximum started at 0 fails there. Few: where every element
+    was shifted, one peeked element told the set apart, and a softmax without its row maximum
+    took its exact path only there; here a peek sees the problem's own values (a share of about
+    the lines per axis over the axis length: 3% of a 256 x 192 CPU set). A tensor with fewer than
+    two such axes has one line, itself: all of it is shifted, and a peek tells."""
+    below, far = float(params["shift"]), float(params["shift_scale"])
+
+    def negative_lines(x):
+        import torch
+
+        axes = [axis for axis, size in enumerate(x.shape) if size >= 2]
+        if len(axes) < 2:
+            return (x - x.max() - below) * far if x.numel() else x
+        scale = torch.zeros([1] * x.dim(), dtype=x.dtype, device=x.device)
+        for axis in axes:
+            size = x.shape[axis]
+            count = max(1, min(NEGATIVE_LINES_MAX, size // 32))
+            spreads = torch.pow(10.0, torch.rand(count, device=x.device) * 2.5).to(x.dtype)
+            spreads[0] = far
+            per_index = torch.zeros(size, dtype=x.dtype, device=x.device)
+            per_index[torch.randperm(size, device=x.device)[:count]] = spreads
+            shape = [1] * x.dim()
+            shape[axis] = size
+            scale = torch.maximum(scale, per_index.reshape(shape))
+        return torch.where(scale > 0, (x - x.max() - below) * scale, x)
+
+    return negative_lines
 
 
 # Outliers per tensor at least (all of a smaller one), about half of each sign: a kernel wrong in
@@ -223,6 +265,7 @@ class ReferenceBuilder:
         # of the inputs has no reference for negative ones).
         self.outliers = [(top, either, with_outliers(secret["transforms"], float(top), either))
                          for top in secret["transforms"]["scale_up_tops"] for either in (True, False)]
+        self.negative_lines = with_negative_lines(secret["transforms"])
         self.exactness = _scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
         self.fp64_models: dict[int, Any] = {}
         self.cap = int(job["max_input_numel"])
@@ -428,6 +471,16 @@ class ReferenceBuilder:
                     return
                 reasons.append(f"{label}: {self.skipped.pop().split(': ', 1)[-1]}")
             self.skipped.append(f"{variation}: one factor for every element (outliers {'; '.join(reasons)})")
+        if variation == "shift":
+            # Kept only where the fp32 reference is exact with lines far from the rest (a GEMM's
+            # TF32 on a line of -1000s beside the problem's values cancels): otherwise every
+            # element shifted, as one peek can tell.
+            if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
+                            exact=True, slack_for=self._tf32_slack):
+                self.sets[-1]["negative_lines"] = True
+                return
+            why = self.skipped.pop().split(": ", 1)[-1]
+            self.skipped.append(f"{variation}: every element shifted (lines: {why})")
         if self.try_add(variation, "values", self.base, seed, everything(fn)):
             return
         why = self.skipped.pop().split(": ", 1)[-1]
