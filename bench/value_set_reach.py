@@ -75,7 +75,7 @@ def problem_reach(code: str, device: str) -> tuple[str, float, str, tuple[str, s
 def reason_kind(why: str) -> str:
     """The first rung's reason, without the numbers (for counting)."""
     first = why.split(";", 1)[0]
-    return re.sub(r"^1e[\d.]+: ", "", first).strip() or "-"
+    return re.sub(r"^1e[\d.]+( either sign)?: ", "", first).strip() or "-"
 
 
 def main() -> None:
