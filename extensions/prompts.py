@@ -30,6 +30,8 @@ operators (torch.matmul, F.relu, ...) for the math, and do not use `Model`.
 - A kernel sees only its own arguments: pass every value it needs (tensors, sizes, attributes such \
 as `self.alpha`) as an argument, and use only `tl.*` operations inside it (no `self`, no `torch`).
 - Keep parameters as `nn.Parameter`s initialised like the original so the weights match.
+- fp32 outputs are checked against PyTorch's fp32 within 1e-4: call `tl.dot` with \
+`input_precision="ieee"` (its default for fp32, TF32, is too coarse).
 - Answer with the complete Python module in one ```python code block.
 
 PyTorch module:
