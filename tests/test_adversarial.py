@@ -139,3 +139,11 @@ def test_summary_counts_the_suite(suite_results):
     assert accepted <= {f"cheats/{name}" for name in KNOWN_GAPS}, f"accepted: {sorted(accepted)}"
     assert summary["correct"] == len(accepted)
     assert sum(summary["flags"].values()) >= len(CHEATS)
+
+
+def test_a_tf32_gemm_is_told_how_to_multiply_in_fp32(suite_results):
+    """A GEMM at tl.dot's default TF32 is wrong for an fp32 problem; its error says what to pass."""
+    result = suite_results["wrong/rt_gemm_tf32_products.py"]
+    assert result.error_category == "mismatch" and 'input_precision="ieee"' in result.error, _describe(result)
+    honest = suite_results["wrong/rt_gemm_no_kn_masks.py"]  # IEEE products, wrong masks: no such advice
+    assert "TF32" not in (honest.error or ""), _describe(honest)

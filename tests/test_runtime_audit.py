@@ -150,9 +150,10 @@ def test_docstring_twins_are_judged_separately(problems, config, monkeypatch):
     assert not results[1].correct and not results[1].cached
 
 
-def test_interpreter_support_autotune_libdevice_and_program_order():
+def test_interpreter_support_autotune_libdevice_tf32_and_program_order():
     """In the worker's interpreter: several autotune configs run (the first is used), libdevice
-    computes, and a shuffled program order changes the answer of an order-dependent kernel only."""
+    computes, tl.dot at its default rounds fp32 operands to TF32 as a GPU does (IEEE stays exact),
+    and a shuffled program order changes the answer of an order-dependent kernel only."""
     import subprocess
     import sys
 
@@ -175,6 +176,24 @@ def test_interpreter_support_autotune_libdevice_and_program_order():
             pid = tl.program_id(0)
             prev = tl.load(out + pid - 1, mask=pid > 0, other=0)
             tl.store(out + pid, prev + 1)
+
+        @triton.jit
+        def dot16(a, b, c, IEEE: tl.constexpr):
+            r = tl.arange(0, 16)
+            x = tl.load(a + r[:, None] * 16 + r[None, :])
+            w = tl.load(b + r[:, None] * 16 + r[None, :])
+            if IEEE:
+                p = tl.dot(x, w, input_precision="ieee")
+            else:
+                p = tl.dot(x, w)
+            tl.store(c + r[:, None] * 16 + r[None, :], p)
+
+        a, b = torch.randn(16, 16), torch.randn(16, 16)
+        tf32 = lambda t: ((t.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+        default, ieee = torch.empty(16, 16), torch.empty(16, 16)
+        dot16[(1,)](a, b, default, IEEE=False); dot16[(1,)](a, b, ieee, IEEE=True)
+        assert torch.allclose(ieee, a @ b, atol=1e-5) and (default - a @ b).abs().max() > 1e-4
+        assert torch.allclose(default, tf32(a) @ tf32(b), atol=1e-5)
 
         x = torch.randn(1000); y = torch.empty_like(x)
         special[lambda meta: (triton.cdiv(1000, meta['BLOCK']),)](x, y, 1000)

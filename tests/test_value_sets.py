@@ -12,7 +12,8 @@ import torch
 
 from extensions.config import VerifierConfig
 from extensions.verify.reference_data import draw_secret, reference_job
-from extensions.verify.reference_worker import NEGATIVE_LINES_MAX, OUTLIERS_MIN, ReferenceBuilder
+from extensions.verify.reference_worker import (CANCELLATION_CAP, NEGATIVE_LINES_MAX, OUTLIERS_MIN, ROUNDING_SLACK,
+                                                ReferenceBuilder)
 
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 4096, "tiny_first": False,
        "num_tests": 5, "shape_variations": False}
@@ -76,7 +77,7 @@ def test_default_sets_reach_zeros_negatives_and_other_scalars():
     assert (outliers < -1e3).any() and (outliers > 1e3).any(), outliers
     assert not (large == 0).any() and scalar == 3.14
     (chosen,) = [s for s in builder.sets if s["name"] == "scale_up"]
-    # An elementwise product of a tensor and a float: no TF32 anywhere, no slack past rtol.
+    # An elementwise product of a tensor and a float: nothing accumulates, no slack past rtol.
     assert chosen["outlier_signs"] == "either" and "slack" not in chosen
 
 
@@ -117,33 +118,71 @@ def test_a_set_the_reference_rejects_with_zeros_is_kept_without_them():
     assert torch.isfinite(numerator).all()
 
 
-GEMM = SCALED.replace("A, s):", "A, B):").replace("return A * s", "return A @ B").replace(
-    "[torch.rand(rows, cols), 3.14]", "[torch.rand(rows, cols), torch.rand(cols, rows)]")
+# A long sum of zero-mean products: outputs near zero are ~1e-4 off in another order of summation.
+LONG_SUM = SCALED.replace("A, s):", "A, B):").replace("return A * s", "return A @ B").replace(
+    "rows = 64\ncols = 64", "rows = 64\ndepth = 8192").replace(
+    "[torch.rand(rows, cols), 3.14]", "[torch.randn(rows, depth), torch.randn(depth, rows)]")
+
+
+def _summed_one_at_a_time(a, b):
+    """``a @ b`` in fp32, adding the products in order, one rounding per step (a naive kernel's order)."""
+    acc = torch.zeros(a.shape[0], b.shape[1])
+    for k in range(a.shape[1]):
+        acc = acc + a[:, k:k + 1] * b[k:k + 1, :]
+    return acc
 
 
 def _tf32(x):
-    """``x`` with its mantissa cut to TF32's ten bits (what tl.dot does to fp32 operands by default)."""
-    return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    """``x`` rounded to TF32's ten mantissa bits (what tl.dot does to fp32 operands by default)."""
+    return ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-def test_outlier_products_in_tf32_pass_and_wrong_values_do_not():
-    """A correct GEMM in TF32 is off by ~1e-3 of an output that one outlier's product dominates,
-    ten times rtol: the outliers set's per-element slack admits it, and nothing more."""
+def test_a_gemm_summed_in_another_order_passes_every_set_and_tf32_does_not():
+    """Where the problem accumulates, each output's tolerance has a few fp32 roundings of the sum
+    of its terms' magnitudes: a correct kernel that sums 8192 products in another order (one at a
+    time) is 1e-4 off where they cancel, and passes every set with it, as it fails the base set
+    without it; the same GEMM with TF32 operands, or in bf16, stays outside."""
     from extensions.verify.compare import compare_outputs
 
-    builder = _built(GEMM)
-    (chosen,) = [s for s in builder.sets if s["name"] == "scale_up"]
-    assert "spread_top" in chosen and "slack" in chosen, builder.skipped
-    a, b = _inputs(builder, "scale_up")
-    expected = builder.expected[chosen["expected"]["tensor"]]
-    slack = builder.expected[chosen["slack"]["tensor"]]
-    tf32 = (_tf32(a).double() @ _tf32(b).double()).float()
+    secret = {**draw_secret(), "input_seed": 0}
+    builder = ReferenceBuilder(LONG_SUM, {**JOB, "max_input_numel": 1 << 20}, secret)
+    builder.build()
     config = VerifierConfig()
-    assert compare_outputs(tf32, expected, config, slack=slack) is None
-    assert compare_outputs(tf32, expected, config) is not None  # rtol alone rejects it
-    wrong = expected.clone()
-    wrong[expected.abs() > 1e3] *= 0.99  # 1% off where the outliers dominate
-    assert compare_outputs(wrong, expected, config, slack=slack) is not None
+    needed = []
+    for chosen in builder.sets:
+        a, b = _inputs(builder, chosen["name"])
+        expected = builder.expected[chosen["expected"]["tensor"]]
+        assert "slack" in chosen, chosen["name"]
+        slack = builder.expected[chosen["slack"]["tensor"]]
+        other_order = _summed_one_at_a_time(a, b)
+        scale = chosen["atol_scale"]
+        assert compare_outputs(other_order, expected, config, atol_scale=scale, slack=slack) is None, chosen["name"]
+        if compare_outputs(other_order, expected, config, atol_scale=scale) is not None:
+            needed.append(chosen["name"])
+        if chosen["name"] == "base":
+            tf32 = (_tf32(a).double() @ _tf32(b).double()).float()
+            assert compare_outputs(tf32, expected, config, slack=slack) is not None
+            bf16 = (a.bfloat16().double() @ b.bfloat16().double()).float()
+            assert compare_outputs(bf16, expected, config, slack=slack) is not None
+    assert "base" in needed and "scale_up" in needed, needed
+
+
+def test_no_slack_where_nothing_accumulates_and_a_bounded_one_where_the_magnitudes_blow_up():
+    """An elementwise problem has no slack on any set. After an exp the model on |inputs| is
+    exp(sum of |terms|), astronomically above the output: the slack stays within
+    ``CANCELLATION_CAP`` of the output's own size, about 2.4e-4 of it."""
+    assert not any("slack" in s for s in _built(SCALED).sets)
+
+    blown_up = LONG_SUM.replace("return A @ B", "return torch.exp((A @ B) / 16)").replace("depth = 8192", "depth = 1024")
+    builder = ReferenceBuilder(blown_up, {**JOB, "max_input_numel": 1 << 20}, draw_secret())
+    builder.build()
+    (base,) = [s for s in builder.sets if s["name"] == "base"]
+    out = builder.expected[base["expected"]["tensor"]].double()
+    slack = builder.expected[base["slack"]["tensor"]].double()
+    bound = ROUNDING_SLACK * CANCELLATION_CAP * (out.abs() + out.abs().median())
+    assert (slack <= bound * 1.001).all() and (slack > 0).all()
+    magnitudes = builder._fp64(0, _inputs(builder, "base"), True)
+    assert (slack < ROUNDING_SLACK * magnitudes * 1e-3).any()  # the cap is what holds it
 
 
 def test_a_peek_at_any_element_of_a_large_set_sees_the_problems_own_value():

@@ -366,6 +366,54 @@ def test_cuda_funnel_times_correct_kernels_and_catches_gpu_cheats():
     assert "side_stream" in hidden.flags and not hidden.correct, (hidden.flags, hidden.error)
 
 
+CONV1D_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size):
+        super().__init__()
+        self.conv1d = nn.Conv1d(in_channels, out_channels, kernel_size, bias=False)
+
+    def forward(self, x):
+        return self.conv1d(x)
+
+batch_size = 8
+in_channels = 64
+out_channels = 128
+kernel_size = 3
+length = 16384
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, length)]
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size]
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")
+def test_cuda_convolution_is_judged_in_fp32_and_timed_at_the_references_settings():
+    """cuDNN's convolutions default to TF32, five times the fp32 tolerance off: the reference runs
+    with TF32 off, so a correct fp32 convolution passes. Its module's switches (cuDNN's TF32 back
+    on, deterministic algorithms: a baseline twice as slow) are undone before timing."""
+    from pathlib import Path
+
+    solution = (Path(__file__).parent / "fixtures" / "candidates" / "kernelbench" / "l1_067_conv1d.py").read_text()
+    switched = solution.replace("import triton.language as tl\n", "import triton.language as tl\n\n"
+                                "torch.backends.cudnn.allow_tf32 = True\ntorch.backends.cudnn.deterministic = True\n")
+    assert switched != solution
+    config = VerifierConfig(device="cuda", timeout_s=300, timing_budget_s=1.0)
+    plain, changed = verify_batch([VerifyRequest(CONV1D_PROBLEM, solution, "plain"),
+                                   VerifyRequest(CONV1D_PROBLEM, switched, "switched")],
+                                  config, device="cuda", progress=False)
+    for result in (plain, changed):
+        assert result.correct and result.stage == "timing", (result.error, result.flags)
+    assert "backend_settings_reset" not in plain.timing.get("details", {})
+    assert changed.timing["details"]["backend_settings_reset"] == ["cudnn.allow_tf32", "cudnn.deterministic"]
+
+
 # -- pieces of the funnel, without processes ----------------------------------------------------
 
 def test_size_constants_are_read_and_rewritten_in_the_source():

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from .compare import compare_outputs, inputs_unchanged
 from .launcher import write_private
 from .phases import PhaseClock, sanitize_phases
+from .precision import TF32_HINT, dots_at_tf32
 from .redact import safe_name, sanitize_data
 from .reference_data import PreparedProblem
 from .result import VerifyResult
@@ -55,6 +56,11 @@ def _bytes_of(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def _slack(set_info: dict, expected: dict) -> Any:
+    """The set's per-element rounding slack (``reference_worker``), or None where it has none."""
+    return unpack(set_info["slack"], expected) if "slack" in set_info else None
+
+
 class CandidateRun:
     """One candidate's worker process and the bookkeeping of its verdict."""
 
@@ -62,6 +68,7 @@ class CandidateRun:
                  proc: SandboxedProcess, result: VerifyResult, timing: bool,
                  clock: Optional[PhaseClock] = None, gate=None):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
+        self.code = code
         self.gate = gate  # the GPU's readers/writer gate (``api._GpuGate``); None: no other user
         self.result, self.proc = result, proc
         self.clock = clock or PhaseClock()  # the parent's side of each set, for the phase table
@@ -237,10 +244,11 @@ class CandidateRun:
             fail(result, label, "mutated_inputs", "forward modified its inputs")
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
-        slack = unpack(set_info["slack"], self.prepared.expected) if "slack" in set_info else None
+        slack = _slack(set_info, self.prepared.expected)
         mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack)
         if mismatch is not None:
-            fail(result, label, "mismatch", mismatch.message)
+            tf32 = mismatch.reason == "values" and self._dots_at_tf32(expected)
+            fail(result, label, "mismatch", (TF32_HINT if tf32 else "") + mismatch.message)
             result.details.setdefault("mismatch", mismatch.reason)
             return False
         if "output_repeat" in status:
@@ -259,6 +267,13 @@ class CandidateRun:
         result.details.setdefault("launches", []).append(launches if isinstance(launches, int) else None)
         result.details.setdefault("sets_run", []).append(set_info["name"])
         return True
+
+    def _dots_at_tf32(self, expected: Any) -> bool:
+        """An fp32 output, and the candidate's ``tl.dot`` at its default TF32 (``precision``)."""
+        import torch
+
+        return (any(t.dtype == torch.float32 for t in flatten_tensors(expected))
+                and dots_at_tf32(self.code))
 
     def _hand_over_timing_inputs(self) -> str:
         indices, specs = _timing_inputs(self.prepared)
@@ -301,7 +316,8 @@ class CandidateRun:
                 last = unpack(status["last_output"], tensors)
                 timed_set = self.prepared.sets[set_index]
                 expected = unpack(timed_set["expected"], self.prepared.expected)
-                if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0)) is not None:
+                if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0),
+                                   slack=_slack(timed_set, self.prepared.expected)) is not None:
                     add_flags(result, ["memoized_output"])
                     fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:

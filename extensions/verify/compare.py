@@ -14,8 +14,9 @@ Checks, per output tensor (tuples are compared element-wise):
 * relative error ``||out - ref|| / ||ref|| <= max_relative_error`` whenever ``||ref||`` is not ~0,
   so a near-zero output cannot hide under ``atol`` on small-valued references;
 * ``slack``: a per-element addition to the tolerance that the reference computed for its set
-  (``scale_up``'s outliers where the problem multiplies tensors: a TF32-sized share of the sum of
-  each output's products' magnitudes).
+  where the problem accumulates (a GEMM, a convolution, a sum): a few fp32 roundings of the sum
+  of each output's terms' magnitudes, which another correct order of summation may differ by
+  where those terms cancel (``reference_worker.ROUNDING_SLACK``).
 """
 from __future__ import annotations
 

@@ -34,6 +34,11 @@
 * The interpreter types some combined masks (a block mask ``&`` a scalar condition) as int32
   holding 0 and 1, and its load and store refuse any mask that is not bool; compiled, the same
   expression is a boolean. ``read_zero_one_masks_as_bool`` reads such a mask as the boolean it is.
+* ``tl.dot`` on fp32 operands defaults to TF32 (``input_precision="tf32"``): a GPU rounds each
+  operand to 10 mantissa bits, the interpreter multiplies them in full fp32, so a GEMM that the
+  fp32 tolerance rejects on CUDA passed on CPU. ``round_dot_operands_to_tf32`` rounds them as a
+  GPU does (to nearest; an H100 truncates, which is further off); ``"ieee"`` and ``"tf32x3"``
+  stay full fp32.
 
 Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
 (CUDA) is called by the worker before the candidate is imported.
@@ -53,6 +58,7 @@ def install() -> "ProgramOrder":
     refuse_non_constexpr_globals()
     fill_fresh_memory_with_nan()
     read_zero_one_masks_as_bool()
+    round_dot_operands_to_tf32()
     order = ProgramOrder()
     order.install()
     return order
@@ -293,6 +299,34 @@ def read_zero_one_masks_as_bool() -> None:
     create_masked_load.reads_zero_one_masks = True
     InterpreterBuilder.create_masked_load = create_masked_load
     InterpreterBuilder.create_masked_store = create_masked_store
+
+
+# -- tl.dot precision ------------------------------------------------------------------------------
+
+def _to_tf32(data):
+    """fp32 ``data`` rounded to TF32's 10 mantissa bits, to nearest (ties away from zero, as
+    ``cvt.rna.tf32.f32``); infinities and NaNs as they are."""
+    bits = data.view(np.uint32)
+    rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(data), rounded, data).astype(np.float32)
+
+
+def round_dot_operands_to_tf32() -> None:
+    from triton._C.libtriton import ir
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    dot = InterpreterBuilder.create_dot
+    if getattr(dot, "rounds_to_tf32", False):
+        return
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32:
+            a, b = (TensorHandle(_to_tf32(x.data), x.dtype) if x.data.dtype == np.float32 else x
+                    for x in (a, b))
+        return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot.rounds_to_tf32 = True
+    InterpreterBuilder.create_dot = create_dot
 
 
 # -- program order -------------------------------------------------------------------------------

@@ -31,8 +31,9 @@ from typing import Any, Callable
 from .problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name, odd_size,
                                 rewrite_constants, shrink_step, varied_scalar)
 from .param_noise import apply_parameter_noise, constant_parameter_keys
+from .precision import pin_ieee_fp32
 from .problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from .tensor_io import map_tensors, pack
+from .tensor_io import flatten_tensors, map_tensors, pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -160,16 +161,49 @@ def with_outliers(params: dict, top: float, either_sign: bool) -> Callable:
 # The fp32 reference must match its own fp64 run within this share of each tolerance before
 # ``scale_up``'s outliers are kept: the rest is left to a correct kernel's own rounding.
 EXACTNESS_MARGIN = 0.25
-# Where the problem multiplies tensors (a GEMM, a convolution, attention), each output element of
-# the outliers set may also be off by this share of the fp64 model on |inputs|: TF32, tl.dot's
-# default for fp32 operands and cuDNN's, rounds each operand to 2^-11, so a correct kernel is off
-# by up to ~1e-3 of the sum of its products' magnitudes; an output that one outlier's product
-# dominates is off by ten times rtol, and where outliers cancel by more. Nowhere else: an
-# elementwise kernel or a reduction has no such rounding, and a slack there let a ReLU be 0.9%
-# wrong on every large value.
-TF32_SLACK = 2e-3
-# aten operators (name parts) whose fp32 kernels may round to TF32.
-PRODUCT_OPS = ("mm", "mv", "convolution", "dot", "linear", "einsum", "attention")
+# Where the problem accumulates (a GEMM, a convolution, attention, a sum, a scan), each output
+# element may be off by this share of the fp64 model on |inputs| (for a sum, the sum of its terms'
+# magnitudes): fp32 rounds every partial sum, and where terms of both signs cancel, two correct
+# orders of summation differ by far more than atol at an output near zero. A tiled GEMM over
+# K = 8192 zero-mean products differed from cuBLAS by 1.4e-3 (2.8 * 2^-24 of that sum; a naive
+# sequential sum stays below ~4); 2^-20 leaves a fourfold margin. TF32 (operands rounded to
+# 2^-11) stays outside it: its error is ~660 / sqrt(K) times this slack (rms), 7x at K = 8192.
+ROUNDING_SLACK = 2.0 ** -20
+# On ``scale_up``'s and ``shift``'s sets an outlier's product (or a far line's) dominates a sum,
+# and every partial sum after it is that large: an order that adds K terms one at a time rounds
+# ~sqrt(K) times at that size (sequential sums over K = 4096 were 1.3 times ROUNDING_SLACK off
+# with outliers, over K = 8192 0.9 times with lines). 2^-14 covers a million terms added one by
+# one and stays below rtol, which outputs as large as their terms have anyway. TF32 there
+# (rejected on every other set) gets no room from it where the problem's own values are summed.
+OUTLIER_ROUNDING_SLACK = 2.0 ** -14
+# aten operators (name parts) whose outputs are sums of many terms.
+ACCUMULATING_OPS = ("mm", "mv", "convolution", "dot", "linear", "einsum", "attention", "sum", "mean",
+                    "var", "std", "norm", "avg_pool")
+# The model on |inputs| measures a sum's terms only through linear steps: after an exp or a square
+# it grows without bound (exp of the terms' magnitudes). Cancellation makes it at most about
+# sqrt(K) times an output's typical magnitude, so it is capped at this many times |output| plus
+# the median nonzero |output|: a sum over K = 2^20 zero-mean terms still fits, and a problem that
+# blows the model up gets at most 2.4e-4 of (|output| + median) (1.6e-2 on the outliers' and
+# lines' sets) instead of anything at all.
+CANCELLATION_CAP = 256
+
+
+def _capped_slack(magnitudes, out, share: float):
+    """Per element of ``out``: ``share`` times ``magnitudes`` (the fp64 model on
+    |inputs|), at most ``CANCELLATION_CAP`` times (|out| + the median nonzero |out|); zero for an
+    output compared exactly. float32: a tolerance needs no more, and it crosses to the parent."""
+    import torch
+
+    if not out.is_floating_point():
+        return torch.zeros(out.shape, dtype=torch.float32, device=out.device)
+    size = out.abs().double().nan_to_num(nan=0.0, posinf=0.0)
+    flat = size.reshape(-1)
+    sample = flat[::max(1, flat.numel() // (1 << 20))]
+    nonzero = sample[sample > 0]
+    typical = float(nonzero.median()) if nonzero.numel() else 0.0
+    cap = CANCELLATION_CAP * (size + typical)
+    terms = magnitudes.double().abs().nan_to_num(nan=0.0, posinf=float("inf"))
+    return (torch.minimum(terms, cap) * share).float()
 
 
 def same_init(a: Any, b: Any) -> bool:
@@ -268,6 +302,8 @@ class ReferenceBuilder:
         self.negative_lines = with_negative_lines(secret["transforms"])
         self.exactness = _scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
         self.fp64_models: dict[int, Any] = {}
+        # Per model (init index): whether its forward accumulates (None: no fp64 run on |inputs|).
+        self.accumulates: dict[int, bool | None] = {}
         self.cap = int(job["max_input_numel"])
         self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
         self.original_source = source
@@ -338,13 +374,13 @@ class ReferenceBuilder:
         return list(module.get_inputs())
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                exact: bool = False, atol_scale: float | None = None,
-                slack_for: Callable[[int, list], Any] | None = None) -> bool:
+                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
         in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
-        ``atol_scale``: the set's own, where its output's growth would overstate it; ``slack_for``:
-        (init index, inputs) -> per-element tolerance added to it (``compare``), or None."""
+        ``atol_scale``: the set's own, where its output's growth would overstate it. Where the
+        problem accumulates, each output element's tolerance also has ``_rounding_slack`` (the
+        share ``rounding`` of its terms' magnitudes)."""
         import torch
 
         try:
@@ -370,14 +406,7 @@ class ReferenceBuilder:
         # differs from another order of summation by ~1e-3 where its output crosses zero.
         if atol_scale is None:
             atol_scale = 1.0 if transform is None else self._growth(inputs, out)
-        slack = None
-        if slack_for is not None:
-            try:
-                slack = slack_for(init_index, inputs)
-                slack = None if slack is None else _like(slack, out)
-            except Exception as exc:  # noqa: BLE001 - an op without fp64, or not on |inputs|
-                self.skipped.append(f"{name}: no fp64 reference on |inputs| ({type(exc).__name__})")
-                return False
+        slack = self._rounding_slack(init_index, inputs, out, rounding)
         if exact:
             why = self._inexact(init_index, inputs, out, atol_scale, slack)
             if why:
@@ -455,17 +484,18 @@ class ReferenceBuilder:
             return transform
 
         if variation == "scale_up":
-            # Highest top first; each kept only where the fp32 reference is still exact there
-            # (a sum of squares overflows, cuDNN's TF32 rounds): otherwise the uniform factor. atol
-            # stays the base set's: all but the outliers are the problem's own values, and a
-            # set-wide scale grown with the outliers would let a kernel wrong on the values
-            # between (a ReLU that returns 0 between 3.5 and 7) pass; outliers are held to rtol.
+            # Highest top first; each kept only where the fp32 reference is still exact there (a
+            # sum of squares overflows, a sum of outliers of both signs cancels): otherwise the
+            # uniform factor. atol stays the base set's: all but the outliers are the problem's
+            # own values, and a set-wide scale grown with the outliers would let a kernel wrong on
+            # the values between (a ReLU that returns 0 between 3.5 and 7) pass; outliers are
+            # held to rtol.
             reasons = []
             for top, either, outliers in self.outliers:
                 label = f"1e{top:.1f}{' either sign' if either else ''}"
                 if self.try_add(variation, "values", self.base, seed,
                                 lambda inputs, outliers=outliers: _transform(inputs, outliers),
-                                exact=True, atol_scale=1.0, slack_for=self._tf32_slack):
+                                exact=True, atol_scale=1.0, rounding=OUTLIER_ROUNDING_SLACK):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     self.sets[-1]["outlier_signs"] = "either" if either else "own"
                     return
@@ -473,10 +503,10 @@ class ReferenceBuilder:
             self.skipped.append(f"{variation}: one factor for every element (outliers {'; '.join(reasons)})")
         if variation == "shift":
             # Kept only where the fp32 reference is exact with lines far from the rest (a GEMM's
-            # TF32 on a line of -1000s beside the problem's values cancels): otherwise every
+            # sum of a line of -1000s and the problem's values cancels): otherwise every
             # element shifted, as one peek can tell.
             if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
-                            exact=True, slack_for=self._tf32_slack):
+                            exact=True, rounding=OUTLIER_ROUNDING_SLACK):
                 self.sets[-1]["negative_lines"] = True
                 return
             why = self.skipped.pop().split(": ", 1)[-1]
@@ -517,35 +547,36 @@ class ReferenceBuilder:
         finally:
             torch.set_default_dtype(default)
 
-    def _tf32_slack(self, init_index: int, varied: list) -> Any:
-        """``TF32_SLACK`` times the fp64 model on |varied| (for a product, the sum of its terms'
-        magnitudes) where the model runs a ``PRODUCT_OPS`` operator; None where it runs none."""
-        import torch
+    def _rounding_slack(self, init_index: int, varied: list, out: Any, share: float) -> Any:
+        """``share`` times the fp64 model on |varied|, capped (``CANCELLATION_CAP``), where
+        the model runs an ``ACCUMULATING_OPS`` operator; None where it runs none, or where it
+        cannot run in fp64 on |varied| (noted once per model in ``skipped``)."""
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        class Products(TorchDispatchMode):
+        if self.accumulates.get(init_index) is False:
+            return None
+
+        class Accumulations(TorchDispatchMode):
             seen = False
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                self.seen = self.seen or any(part in func.__name__.split(".")[0] for part in PRODUCT_OPS)
+                self.seen = self.seen or any(part in func.__name__.split(".")[0] for part in ACCUMULATING_OPS)
                 return func(*args, **(kwargs or {}))
 
-        products = Products()
-        with products:
-            magnitudes = self._fp64(init_index, varied, True)
-        if not products.seen:
+        accumulations = Accumulations()
+        try:
+            with accumulations:
+                magnitudes = _like(self._fp64(init_index, varied, True), out)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64, or a model that rejects |inputs|
+            if init_index not in self.accumulates:
+                self.skipped.append(f"rounding slack: no fp64 run on |inputs| ({type(exc).__name__})")
+            self.accumulates[init_index] = None
             return None
-
-        def scaled(a):
-            if isinstance(a, torch.Tensor):
-                if not a.is_floating_point():  # compared exactly: no slack
-                    return torch.zeros(a.shape, dtype=torch.float64, device=a.device)
-                return torch.nan_to_num(a.abs() * TF32_SLACK, nan=0.0, posinf=0.0)
-            if isinstance(a, (list, tuple)):
-                return type(a)(scaled(x) for x in a)
-            return a
-
-        return scaled(magnitudes)
+        self.accumulates[init_index] = accumulations.seen
+        if not accumulations.seen:
+            return None
+        pieces = iter(flatten_tensors(magnitudes))
+        return map_tensors(out, lambda o: _capped_slack(next(pieces), o, share))
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
         """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
@@ -735,6 +766,7 @@ def run(job_dir: str, secret: dict, started: float) -> None:
     with open(os.path.join(job_dir, "problem.py")) as fh:
         source = fh.read()
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    pin_ieee_fp32()  # cuDNN's convolutions default to TF32: an fp32 problem's reference is fp32
     builder = ReferenceBuilder(source, job, secret)
     builder.build()
     init_specs = [pack(init, f"init{i}", builder.tensors) for i, init in enumerate(builder.inits)]

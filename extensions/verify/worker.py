@@ -240,12 +240,14 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     return status
 
 
-def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> dict:
+def run_timing(job: dict, models: "Models", device: str, hashes: list[str], backend: dict) -> dict:
     """Time the candidate against the reference on the handed timing inputs (``hashes``: those
-    files'; the problem file's is in the job)."""
+    files'; the problem file's is in the job), with the backend switches at ``backend`` (taken
+    before the candidate's import: the baseline is timed at the reference's own numerics)."""
     import torch
 
     from ..config.sections import VerifierConfig
+    from .precision import restore
     from .problem_sizes import load_problem
     from .tensor_io import pack, save_tensors
 
@@ -263,8 +265,11 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str]) -> d
         model, _flags = models.get(0)
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
+        reset = restore(backend)
         report = measure_speedup(reference, model, input_sets, config)
         data = report.to_dict()
+        if reset:
+            data.setdefault("details", {})["backend_settings_reset"] = reset
         result = {"report": json.loads(json.dumps(data, default=str))}
         last = getattr(report, "last_output", None)
         last_index = getattr(report, "last_input_index", None)
@@ -311,12 +316,12 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
-    from . import (audit, compare, handed_files, integrity, interpreter_compat, param_noise, policy, tensor_io,
-                   triton_api)
+    from . import (audit, compare, handed_files, integrity, interpreter_compat, param_noise, policy, precision,
+                   tensor_io, triton_api)
     from .integrity import CodeSnapshot
 
     modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, param_noise,
-               policy, tensor_io, triton_api, json_module, json.encoder]
+               policy, precision, tensor_io, triton_api, json_module, json.encoder]
     if device != "cpu":
         try:
             from extensions.timing import measure, runners, schedule, stats
@@ -335,6 +340,7 @@ def serve(control, clock=None) -> None:
     from . import interpreter_compat
     from .audit import RuntimeAudit, warm_up_profiler
     from .phases import PhaseClock
+    from .precision import pin_ieee_fp32
     from .privileges import drop_privileges
     from .proctree import become_subreaper
     from .startup import limit_memory, warm_up_cuda
@@ -359,6 +365,7 @@ def serve(control, clock=None) -> None:
     else:
         interpreter_compat.benchmark_autotune_with_events()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
+    backend = pin_ieee_fp32()  # the reference's numerics, put back before the baseline is timed
     drop_privileges()  # no capability left to read other processes of this user (process isolation)
     with clock.phase("audit_install"):
         audit = RuntimeAudit(bool(job["allow_library_gemm"]), device, trace_dir=os.getcwd())
@@ -399,7 +406,7 @@ def serve(control, clock=None) -> None:
     command = control.readline().split()
     if command and command[0] == "time" and job.get("timing"):
         with clock.phase("timing"):
-            status = run_timing(job, models, device, command[1:])
+            status = run_timing(job, models, device, command[1:], backend)
         verdicts.write("timing.json", status)
 
 
