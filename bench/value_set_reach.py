@@ -89,7 +89,10 @@ def main() -> None:
 
     import torch
 
+    from extensions.verify.precision import pin_ieee_fp32
+
     torch.set_num_threads(1)
+    pin_ieee_fp32()  # the reference worker's settings: cuDNN's fp32 convolutions would run in TF32
     problems = [json.loads(line) for line in open(args.kernelbench) if line.strip()]
     problems = [p for p in problems if p["level"] in args.levels]
     deadline = time.monotonic() + 60 * args.max_minutes

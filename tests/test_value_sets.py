@@ -141,7 +141,8 @@ def test_a_gemm_summed_in_another_order_passes_every_set_and_tf32_does_not():
     """Where the problem accumulates, each output's tolerance has a few fp32 roundings of the sum
     of its terms' magnitudes: a correct kernel that sums 8192 products in another order (one at a
     time) is 1e-4 off where they cancel, and passes every set with it, as it fails the base set
-    without it; the same GEMM with TF32 operands, or in bf16, stays outside."""
+    without it; the same GEMM with TF32 operands, or in bf16, stays outside. A set whose slack is
+    negligible against its tolerance (inputs scaled down) stores none."""
     from extensions.verify.compare import compare_outputs
 
     secret = {**draw_secret(), "input_seed": 0}
@@ -152,8 +153,9 @@ def test_a_gemm_summed_in_another_order_passes_every_set_and_tf32_does_not():
     for chosen in builder.sets:
         a, b = _inputs(builder, chosen["name"])
         expected = builder.expected[chosen["expected"]["tensor"]]
-        assert "slack" in chosen, chosen["name"]
-        slack = builder.expected[chosen["slack"]["tensor"]]
+        slack = builder.expected[chosen["slack"]["tensor"]] if "slack" in chosen else None
+        if chosen["name"] == "scale_down":  # every |product| below ~1e-3: far inside atol, so none is stored
+            assert slack is None
         other_order = _summed_one_at_a_time(a, b)
         scale = chosen["atol_scale"]
         assert compare_outputs(other_order, expected, config, atol_scale=scale, slack=slack) is None, chosen["name"]
