@@ -318,6 +318,7 @@ class ReferenceBuilder:
                          for top in secret["transforms"]["scale_up_tops"] for either in (True, False)]
         self.negative_lines = with_negative_lines(secret["transforms"])
         self.exactness = _scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
+        self.judging = _scaled_tolerances(job["tolerances"], 1.0)  # the candidates' own (rounding slack)
         self.fp64_models: dict[int, Any] = {}
         # Per model (init index): whether its forward accumulates (None: no fp64 run on |inputs|).
         self.accumulates: dict[int, bool | None] = {}
@@ -597,10 +598,9 @@ class ReferenceBuilder:
             return None
         pieces = iter(flatten_tensors(magnitudes))
         del magnitudes
-        judged = _scaled_tolerances(self.job["tolerances"], 1.0)
 
         def slack_of(o):
-            atol, rtol = tolerances(str(o.dtype).rsplit(".", 1)[-1], judged)
+            atol, rtol = tolerances(str(o.dtype).rsplit(".", 1)[-1], self.judging)
             return _capped_slack(next(pieces), o, share, atol * atol_scale, rtol)
 
         slack = map_tensors(out, slack_of)
