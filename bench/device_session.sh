@@ -11,6 +11,7 @@
 #   bash bench/device_session.sh multi_gpu                         # on a machine with >= 2 GPUs
 #   bash bench/device_session.sh rehearsal                         # 7B rehearsal on every GPU (~7 min)
 #   bash bench/device_session.sh rl_algorithms                     # on a machine with >= 2 GPUs
+#   SYNTH_COUNT=3000 SYNTH_MINUTES=8 bash bench/device_session.sh synthesize   # pairs built by inductor
 #
 # rehearsal: USD_PER_GPU_HOUR (default 2.5) prices the projection; REHEARSAL_ARGS adds flags
 # (e.g. "--config configs/a100-40gb.yaml").
@@ -63,6 +64,13 @@ run_gpu_tests() {
 
 run_verifier() {
   step verifier_throughput 540 "$PY" bench/verifier_throughput.py --kernelbench "$KERNELBENCH" --device cuda --copies 2
+}
+
+run_synthesize() {  # verified PyTorch -> Triton pairs built by inductor (SYNTH_COUNT programs, SYNTH_MINUTES at most)
+  step synthesize $(( ${SYNTH_MINUTES:-8} * 60 + 90 )) env JAX_PLATFORMS=cpu "$PY" -m extensions.data.synthesis \
+    --out "$OUT/synthesized_pairs.jsonl" --count "${SYNTH_COUNT:-3000}" --eval-tasks "$KERNELBENCH" \
+    --max-minutes "${SYNTH_MINUTES:-8}" --no-progress ${SYNTH_ARGS:-}
+  tail -n 30 "$OUT/synthesize.log"
 }
 
 run_value_reach() {  # how far scale_up reaches per problem on CUDA, full sizes
@@ -151,7 +159,7 @@ for name in "$@"; do
     env) run_env ;; gpu_tests) run_gpu_tests ;; gpu_marked) run_gpu_marked ;;
     gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; verifier) run_verifier ;; value_reach) run_value_reach ;; timing) run_timing ;;
     rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
-    rl_algorithms) run_rl_algorithms ;;
+    rl_algorithms) run_rl_algorithms ;; synthesize) run_synthesize ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done

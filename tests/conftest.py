@@ -22,6 +22,13 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# The data stage's verdict cache lives in the user's home by default; tests keep theirs per session,
+# shared by every test (and subprocess) of the run so each pair is judged once.
+if "KERNEL_RL_VERIFY_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["KERNEL_RL_VERIFY_CACHE"] = str(Path(tempfile.mkdtemp(prefix="kernel-rl-tests-")) / "verified_pairs.jsonl")
+
 # Without a GPU, Triton kernels run in the interpreter; on a GPU machine they compile for real.
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

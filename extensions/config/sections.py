@@ -60,6 +60,10 @@ class DataConfig:
     # Drop solutions that hand the math to vendor kernels (inductor's extern_kernels.mm, aten.*):
     # the verifier rejects them, so training on them teaches what RL then punishes.
     drop_library_kernel_solutions: bool = True
+    # Judge every kept pair with the verifier (CUDA if visible, else the interpreter) and drop the
+    # ones it rejects, so SFT and retrieval teach only what the reward accepts. Verdicts are cached
+    # by content (extensions/data/pair_verification.py); false is for experiments on raw data only.
+    verify_pairs: bool = True
     # Worked-example index over the SFT training pairs (data/processed/retrieval/), for prompt.mode
     # raicl. lexical: BM25 over the normalised code tokens (bm25s, no download); dense: a
     # sentence-transformers embedding model and FAISS (both installed by the user).

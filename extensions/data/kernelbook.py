@@ -6,7 +6,9 @@ KernelBook (``GPUMODE/KernelBook``) rows carry ``python_code`` (a PyTorch module
 ``triton_code`` is empty), ``uuid`` and repository fields (``repo_name``, ``module_name``,
 ``synthetic``, ``licenses``, ``stars``, ``sha``, ``repo_link``).
 
-The rest of the pipeline sees one form only, KernelBench's: the task defines ``class Model`` and a
+KernelBook's ``triton_code`` is torch inductor output; ``canonical.canonicalize`` rewrites it into
+the clean dialect the verifier accepts (a row it cannot rewrite is dropped as
+``not_canonicalisable:<reason>``). The rest of the pipeline sees one form only, KernelBench's: the task defines ``class Model`` and a
 ``get_init_inputs()`` whose flat list constructs it as ``Model(*get_init_inputs())``; the solution
 defines ``class ModelNew`` with the same constructor. Renaming works on the AST's name positions,
 never on raw text, so strings, attributes and longer names that contain the class name stay intact.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import rejections as R
+from .canonical import CanonicalizeError, canonicalize
 
 TASK_CLASS = "Model"
 SOLUTION_CLASS = "ModelNew"
@@ -35,8 +38,9 @@ class KernelBookPair:
     uuid: str
     entry_point: str
     task_code: str  # KernelBench form: class Model, get_inputs, get_init_inputs (flat list)
-    solution_code: str  # class ModelNew with Triton kernels
+    solution_code: str  # class ModelNew with Triton kernels, in the clean dialect (canonical/)
     repo: dict[str, Any] = field(default_factory=dict)
+    dialect: str = "clean"  # the dialect the row shipped in: clean, inductor_kernelbook, inductor_async
 
 
 def _text_field(row: dict, name: str) -> str:
@@ -216,7 +220,16 @@ def normalise_row(row: dict, *, drop_library_kernel_solutions: bool = True,
         raise R.RowRejected(R.NAME_CONFLICT, "python_code already defines another class Model")
     if solution_name != SOLUTION_CLASS and SOLUTION_CLASS in solution_classes:
         raise R.RowRejected(R.NAME_CONFLICT, "triton_code already defines another class ModelNew")
-    if not _has_triton_kernel(solution_tree):
+    try:
+        canonical = canonicalize(solution)
+    except CanonicalizeError as exc:
+        if exc.reason == "solution_without_triton_kernel":
+            raise R.RowRejected(R.SOLUTION_WITHOUT_TRITON_KERNEL) from None
+        if exc.reason == "library_kernel_call" and drop_library_kernel_solutions:
+            raise R.RowRejected(R.SOLUTION_CALLS_LIBRARY_KERNEL, exc.detail) from None
+        raise R.RowRejected(f"{R.NOT_CANONICALISABLE}:{exc.reason}", exc.detail) from None
+    solution = canonical.code
+    if not _has_triton_kernel(ast.parse(solution)):
         raise R.RowRejected(R.SOLUTION_WITHOUT_TRITON_KERNEL)
     if drop_library_kernel_solutions and _LIBRARY_KERNEL_CALL.search(solution):
         raise R.RowRejected(R.SOLUTION_CALLS_LIBRARY_KERNEL)
@@ -229,4 +242,5 @@ def normalise_row(row: dict, *, drop_library_kernel_solutions: bool = True,
     if max_solution_chars is not None and len(solution) > max_solution_chars:
         raise R.RowRejected(R.SOLUTION_TOO_LONG, f"{len(solution)} > {max_solution_chars} characters")
     repo = {name: row[name] for name in REPO_FIELDS if name in row}
-    return KernelBookPair(uuid=uuid, entry_point=entry_point, task_code=task, solution_code=solution, repo=repo)
+    return KernelBookPair(uuid=uuid, entry_point=entry_point, task_code=task, solution_code=solution, repo=repo,
+                          dialect=canonical.dialect)

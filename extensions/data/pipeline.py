@@ -11,7 +11,12 @@ the report last):
     difficulty_labels.jsonl          {"uuid", "level", "signals"}
     retrieval/                       worked-example index of the SFT training pairs (RA-ICL)
     prepare_report.json              per-source read/kept/dropped-by-reason, agreement, fingerprint,
-                                     the index's size and the prompts' retrieval statistics
+                                     the index's size, the prompts' retrieval statistics and the
+                                     verification of every kept pair (``verification``)
+
+KernelBook rows are canonicalised from inductor's dialect (``canonical/``) while they are read, and
+every kept pair is judged by the verifier (``pair_verification``) before it is split: a pair the
+reward would reject is dropped as ``verify_failed:<stage>`` and never trained on or retrieved.
 
 A second call with the same inputs, configuration and code finds the report's fingerprint unchanged
 and does nothing.
@@ -24,6 +29,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -38,6 +44,7 @@ from .dedup import SimilarityIndex, code_shingles, exact_key
 from .difficulty import analyse_module
 from .kernelbench import EvalTask, read_eval_tasks
 from .kernelbook import KernelBookPair, normalise_row
+from .pair_verification import summarize as summarize_verification, verifier_digest, verify_pairs
 from .report import SourceTally, difficulty_agreement, format_summary
 from .sources import read_kernelbench, read_kernelbook, source_identity
 from .splits import split_ids
@@ -48,7 +55,7 @@ OUTPUT_FILES = ("sft_train.jsonl", "sft_val.jsonl", "rl_tasks.jsonl", "eval_task
                 "difficulty_labels.jsonl")
 REPORT_FILE = "prepare_report.json"
 _CODE_FILES = ("kernelbook.py", "kernelbench.py", "dedup.py", "difficulty.py", "splits.py",
-               "pipeline.py", "rejections.py", "sources.py")
+               "pipeline.py", "rejections.py", "sources.py", "pair_verification.py")
 
 
 @dataclass
@@ -70,7 +77,7 @@ def _code_fingerprint() -> str:
     here = Path(__file__).resolve().parent
     library = here.parent
     for path in [*(here / name for name in _CODE_FILES), library / "prompts.py", library / "prompt_builder.py",
-                 *sorted((here / "retrieval").glob("*.py"))]:
+                 *sorted((here / "retrieval").glob("*.py")), *sorted((here / "canonical").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -84,6 +91,7 @@ def input_fingerprint(data_cfg, prompt_cfg=None) -> dict[str, Any]:
         "bundled_eval_tasks": bundled_fingerprint() if data_cfg.bundled_eval_tasks else None,
         "config": dataclasses.asdict(data_cfg),
         "code": _code_fingerprint(),
+        "verifier": verifier_digest() if data_cfg.verify_pairs else None,
     }
 
 
@@ -198,6 +206,24 @@ def collect_pairs(data_cfg, eval_tasks: list[EvalTask], tally: SourceTally, *, m
     return kept
 
 
+def verify_kept_pairs(kept: list[_KeptPair], cfg, tally: SourceTally,
+                      progress: bool) -> tuple[list[_KeptPair], dict[str, Any]]:
+    """Judge every kept pair with the reward's verifier; the rejected ones are dropped and counted."""
+    if not cfg.data.verify_pairs:
+        return kept, {"pairs": len(kept), "skipped": "data.verify_pairs is false: pairs are not verified"}
+    verdicts = verify_pairs([k.pair for k in kept], cfg.verifier, progress=progress)
+    passed = []
+    for item, verdict in zip(kept, verdicts):
+        if verdict.correct:
+            passed.append(item)
+        else:
+            tally.unkeep(f"{R.VERIFY_FAILED}:{verdict.stage}")
+            log.debug("pair %s failed verification at %s: %s", item.pair.uuid, verdict.stage, verdict.error)
+    summary = summarize_verification(verdicts)
+    summary["every_kept_pair_verified"] = True
+    return passed, summary
+
+
 def pair_id(uuid: str) -> str:
     """A KernelBook pair's id wherever it appears: RL task ids and retrieval example ids."""
     return f"kb_{uuid}"
@@ -221,6 +247,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     eval_tasks = collect_eval_tasks(data_cfg, tallies, progress)
     kept = collect_pairs(data_cfg, eval_tasks, tallies["kernelbook"], max_samples=data_cfg.max_samples,
                          progress=progress)
+    kept, verification = verify_kept_pairs(kept, cfg, tallies["kernelbook"], progress)
 
     by_uuid = {k.pair.uuid: k for k in kept}
     split = split_ids([k.pair.uuid for k in kept], val_fraction=data_cfg.val_fraction,
@@ -265,6 +292,8 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
         },
         "retrieval": {"index": retrieval_meta, "sft_prompts": prompts.stats()},
         "rl_task_ids_missing": rl_ids_missing,
+        "verification": verification,
+        "dialects": dict(sorted(Counter(k.pair.dialect for k in kept).items())),
         "seconds": round(time.time() - started, 2),
     }
     _atomic_write_json(out_dir / REPORT_FILE, report)

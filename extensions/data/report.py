@@ -67,6 +67,13 @@ def format_summary(report: dict[str, Any]) -> str:
     if index:
         lines.append(f"retrieval index: {index['examples']} examples ({index['backend']}, "
                      f"{index['bytes'] / 1024:.0f} KiB)")
+    verification = report.get("verification") or {}
+    if "passed" in verification:
+        lines.append(f"verified pairs: {verification['passed']} of {verification['pairs']} passed "
+                     f"({', '.join(verification['devices']) or '-'}; {verification['cached']} from cache)"
+                     + (f", failed by stage: {verification['failed_by_stage']}" if verification["failed"] else ""))
+    elif verification.get("skipped"):
+        lines.append(f"verified pairs: none ({verification['skipped']})")
     missing = report.get("rl_task_ids_missing")
     if missing:
         lines.append(f"data.rl_task_ids not among the kept rows: {', '.join(missing)}")

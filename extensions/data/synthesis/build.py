@@ -1,0 +1,326 @@
+"""The synthesizer: programs -> inductor on the GPU -> canonical pairs -> verified -> KernelBook JSONL.
+
+KernelBook was made by running torch inductor over PyTorch modules; this does the same on the
+user's GPU, for programs drawn by ``programs.draw_programs`` and for module files the user names.
+Every program is decontaminated against the evaluation tasks and de-duplicated against the
+programs before it (the data stage's own similarity measure and thresholds) before it is compiled;
+every captured pair is canonicalised and verified on CUDA by the project's verifier (correctness
+on every input set; timing off, since a pair is training data, not a reward). Captures run in
+worker processes while the verifier judges the previous batch.
+
+Resumable: ``<out>`` holds the verified rows, ``<out stem>.dropped.jsonl`` every program that was
+not kept and why; a rerun skips every program named in either. ``<out stem>.report.json`` counts
+what was tried, built and dropped, by reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from ..dedup import SimilarityIndex, code_shingles
+from .programs import FAMILIES, Program, draw_programs
+
+
+@dataclass
+class SynthesisOptions:
+    out: Path  # the verified pairs, KernelBook-format JSONL
+    count: int = 3000  # programs drawn (the file's programs are added to them)
+    seed: int = 0
+    families: tuple[str, ...] = FAMILIES
+    module_files: list[Path] = field(default_factory=list)  # the user's own KernelBench-form modules
+    eval_tasks: list[Path] = field(default_factory=list)  # KernelBench-style JSONL to decontaminate against
+    decontamination_threshold: float = 0.85  # the data stage's defaults (DataConfig)
+    near_duplicate_threshold: float = 0.9
+    capture_workers: int = 0  # 0: half the CPU cores, at most 12
+    verify_batch: int = 48  # candidates per verifier call: a deadline waits for one call at most
+    verify_workers: int = 0  # verifier slots; 0: the verifier's own default
+    max_minutes: float = 0.0  # stop starting new work after this long (0: no limit); rerun resumes
+    progress: bool = True
+
+
+@dataclass
+class SynthesisReport:
+    programs: int = 0
+    already_done: int = 0
+    tried: int = 0
+    captured: int = 0
+    pairs_built: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    by_family: dict[str, Counter] = field(default_factory=dict)
+    seconds: float = 0.0
+    capture_seconds: float = 0.0  # summed over capture workers
+    verify_seconds: float = 0.0  # wall time of the verifier's batches
+    stopped_early: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["dropped"] = dict(self.dropped.most_common())
+        data["by_family"] = {k: dict(v) for k, v in sorted(self.by_family.items())}
+        minutes = max(self.seconds / 60.0, 1e-9)
+        data["pairs_per_minute"] = round(self.pairs_built / minutes, 1)
+        return data
+
+
+def dropped_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".dropped.jsonl")
+
+
+def report_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".report.json")
+
+
+def user_programs(paths: Iterable[Path]) -> list[Program]:
+    programs = []
+    for path in paths:
+        source = Path(path).read_text(encoding="utf-8")
+        templates = any(word in source for word in ("nn.Linear", "nn.Conv", "matmul", "bmm", "F.linear", "F.conv"))
+        programs.append(Program(f"user_{Path(path).stem}", "user", source, templates))
+    return programs
+
+
+def _done_digests(out: Path) -> set[str]:
+    done = set()
+    for path in (out, dropped_path(out)):
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a dying machine: its program runs again
+                digest = row.get("sha") or row.get("digest")
+                if digest:
+                    done.add(digest)
+    return done
+
+
+def _eval_index(paths: Iterable[Path]) -> SimilarityIndex:
+    index = SimilarityIndex()
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
+            try:
+                row = json.loads(line)
+                index.add(f"{row.get('level', '?')}_{row.get('name', number)}", code_shingles(row["code"]))
+            except (json.JSONDecodeError, KeyError, SyntaxError, ValueError):
+                continue
+    return index
+
+
+class _Appender:
+    """Appends JSON lines and makes them durable before the next batch (a spot instance may die)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(path, "a", encoding="utf-8")
+
+    def write(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _capture_in_worker(program: Program) -> dict[str, Any]:
+    from .capture import capture
+
+    result = capture(program)
+    return {"ok": result.ok, "reason": result.reason, "detail": result.detail, "row": result.row,
+            "seconds": result.seconds}
+
+
+def _init_worker() -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+def screen_programs(programs: list[Program], options: SynthesisOptions, report: SynthesisReport,
+                    dropped: _Appender) -> list[Program]:
+    """Decontaminate and de-duplicate, in order; what is dropped is written and counted."""
+    eval_index = _eval_index(options.eval_tasks)
+    kept_index = SimilarityIndex()
+    kept, rows = [], []
+    for program in programs:
+        shingles = code_shingles(program.source)
+        match = eval_index.most_similar(shingles, options.decontamination_threshold)
+        reason = "overlaps_eval_problem" if match else ""
+        if not reason:
+            near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
+            reason = "near_duplicate" if near else ""
+        if reason:
+            report.dropped[reason] += 1
+            report.by_family.setdefault(program.family, Counter())[reason] += 1
+            rows.append({"digest": program.digest, "name": program.name, "reason": reason,
+                         "detail": f"{(match or near)[0]} ({(match or near)[1]:.2f})"})
+            continue
+        kept_index.add(program.digest, shingles)
+        kept.append(program)
+    dropped.write(rows)
+    return kept
+
+
+def _verify(rows: list[dict], options: SynthesisOptions) -> list[tuple[dict, Any]]:
+    from ...config import VerifierConfig
+    from ...verify import VerifyRequest, verify_batch
+    from ..kernelbook import normalise_row
+
+    config = VerifierConfig(device="cuda", enable_calibrated_timing=False, workers=options.verify_workers)
+    requests = []
+    for row in rows:
+        pair = normalise_row(row)
+        requests.append(VerifyRequest(pair.task_code, pair.solution_code, label=row["sha"]))
+    return list(zip(rows, verify_batch(requests, config, device="cuda", progress=False)))
+
+
+def synthesize(options: SynthesisOptions) -> SynthesisReport:
+    started = time.time()
+    report = SynthesisReport()
+    programs = draw_programs(options.count, options.seed, options.families) + user_programs(options.module_files)
+    report.programs = len(programs)
+    done = _done_digests(options.out)
+    todo = [p for p in programs if p.digest not in done]
+    report.already_done = len(programs) - len(todo)
+    previous_runs = _previous_runs(options.out)
+    kept_out, dropped_out = _Appender(options.out), _Appender(dropped_path(options.out))
+    by_digest = {p.digest: p for p in todo}
+
+    def write_report() -> None:
+        _write_report(options.out, report, started, previous_runs)
+
+    try:
+        todo = screen_programs(todo, options, report, dropped_out)
+        deadline = started + options.max_minutes * 60 if options.max_minutes > 0 else None
+        _run(todo, options, report, kept_out, dropped_out, by_digest, deadline, write_report)
+    finally:
+        kept_out.close()
+        dropped_out.close()
+        write_report()
+    return report
+
+
+def _previous_runs(out: Path) -> list[dict]:
+    try:
+        return json.loads(report_path(out).read_text()).get("runs", []) if report_path(out).is_file() else []
+    except (json.JSONDecodeError, OSError):
+        return []
+
+
+def _write_report(out: Path, report: SynthesisReport, started: float, previous_runs: list[dict]) -> None:
+    """The report, rewritten after every verified batch: a machine that dies keeps its counts."""
+    report.seconds = round(time.time() - started, 1)
+    summary = report.to_dict()
+    summary["pairs_in_file"] = sum(1 for _ in open(out, encoding="utf-8")) if out.is_file() else 0
+    summary["runs"] = previous_runs + [{k: summary[k] for k in (
+        "tried", "captured", "pairs_built", "seconds", "capture_seconds", "verify_seconds", "pairs_per_minute",
+        "stopped_early")}]
+    tmp = report_path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, report_path(out))
+
+
+def _run(todo: list[Program], options: SynthesisOptions, report: SynthesisReport, kept_out: _Appender,
+         dropped_out: _Appender, by_digest: dict[str, Program], deadline: Optional[float], write_report) -> None:
+    workers = options.capture_workers or max(1, min(12, (os.cpu_count() or 2) // 2))
+    captured: "queue.Queue[Optional[dict]]" = queue.Queue()
+    bar = None
+    if options.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="synthesize", unit="program", mininterval=1.0)
+
+    def count(program: Program, reason: str, detail: str = "") -> None:
+        report.dropped[reason] += 1
+        report.by_family.setdefault(program.family, Counter())[reason] += 1
+        dropped_out.write([{"digest": program.digest, "name": program.name, "reason": reason, "detail": detail}])
+
+    def verifier() -> None:
+        batch: list[dict] = []
+        finished = False
+        while not finished:
+            item = captured.get()
+            if item is None:
+                finished = True
+            else:
+                batch.append(item)
+            if deadline is not None and time.time() > deadline:
+                # Past the deadline captured rows are left for the next run (they are in neither file).
+                report.stopped_early = True
+                batch = []
+                continue
+            if batch and (finished or len(batch) >= options.verify_batch or captured.empty() and len(batch) >= 8):
+                verify_started = time.time()
+                verdicts = _verify(batch, options)
+                report.verify_seconds += time.time() - verify_started
+                for row, result in verdicts:
+                    program = by_digest[row["sha"]]
+                    if result.correct:
+                        row["verified"] = {"device": "cuda", "stage": result.stage, "isolation": result.isolation}
+                        kept_out.write([row])
+                        report.pairs_built += 1
+                        report.by_family.setdefault(program.family, Counter())["kept"] += 1
+                    else:
+                        count(program, f"verify_{result.stage}", (result.error or "")[:200])
+                batch = []
+                write_report()
+
+    verifying = threading.Thread(target=verifier, daemon=True)
+    verifying.start()
+    pending: dict[Future, Program] = {}
+    remaining = list(todo)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                             initializer=_init_worker) as pool:
+        while remaining or pending:
+            if deadline is not None and time.time() > deadline and not report.stopped_early:
+                report.stopped_early = True  # what has not started runs in the next call
+                remaining = []
+                for future in list(pending):
+                    if future.cancel():
+                        pending.pop(future)
+            while remaining and len(pending) < 2 * workers:
+                program = remaining.pop(0)
+                pending[pool.submit(_capture_in_worker, program)] = program
+            if not pending:
+                break
+            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for future in finished:
+                program = pending.pop(future)
+                report.tried += 1
+                if bar is not None:
+                    bar.update(1)
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # noqa: BLE001 - a dead worker loses one program, not the run
+                    count(program, "capture_crashed", type(exc).__name__)
+                    continue
+                report.capture_seconds += outcome["seconds"]
+                if outcome["ok"]:
+                    report.captured += 1
+                    captured.put(outcome["row"])
+                else:
+                    count(program, outcome["reason"], outcome["detail"])
+    captured.put(None)
+    verifying.join()
+    if bar is not None:
+        bar.close()
+
+
+def format_report(report: SynthesisReport) -> str:
+    data = report.to_dict()
+    lines = [f"capture {data['capture_seconds'] / 60:.1f} worker-min, verify {data['verify_seconds'] / 60:.1f} min", f"programs {data['programs']} (already done {data['already_done']}), tried {data['tried']}, "
+             f"captured {data['captured']}, pairs built {data['pairs_built']} in {data['seconds'] / 60:.1f} min "
+             f"({data['pairs_per_minute']} pairs/min)" + (" - stopped at --max-minutes" if data["stopped_early"] else "")]
+    if data["dropped"]:
+        lines.append("dropped: " + ", ".join(f"{reason}={n}" for reason, n in data["dropped"].items()))
+    for family, counts in data["by_family"].items():
+        lines.append(f"  {family:<12} " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
