@@ -9,7 +9,9 @@ on every input set; timing off, since a pair is training data, not a reward). Ca
 worker processes while the verifier judges the previous batch.
 
 Resumable: ``<out>`` holds the verified rows, ``<out stem>.dropped.jsonl`` every program that was
-not kept and why; a rerun skips every program named in either. ``<out stem>.report.json`` counts
+not kept and why, ``<out stem>.captured.jsonl`` every captured row (before verification); a rerun
+skips every program named in the first two and verifies captured rows without compiling them again
+(verification, not compilation, is the slow half on one GPU). ``<out stem>.report.json`` counts
 what was tried, built and dropped, by reason.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..dedup import SimilarityIndex, code_shingles
 from .programs import FAMILIES, Program, draw_programs
@@ -44,6 +46,7 @@ class SynthesisOptions:
     verify_batch: int = 48  # candidates per verifier call: a deadline waits for one call at most
     verify_workers: int = 0  # verifier slots; 0: the verifier's own default
     max_minutes: float = 0.0  # stop starting new work after this long (0: no limit); rerun resumes
+    verify_device: str = "cuda"  # where captured pairs are judged (cpu: the interpreter, for tests)
     progress: bool = True
 
 
@@ -72,6 +75,23 @@ class SynthesisReport:
 
 def dropped_path(out: Path) -> Path:
     return out.with_name(out.stem + ".dropped.jsonl")
+
+
+def captured_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".captured.jsonl")
+
+
+def _captured_rows(out: Path, done: set[str]) -> dict[str, dict]:
+    rows = {}
+    if captured_path(out).is_file():
+        for line in captured_path(out).read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("sha") and row["sha"] not in done:
+                rows[row["sha"]] = row
+    return rows
 
 
 def report_path(out: Path) -> Path:
@@ -174,12 +194,13 @@ def _verify(rows: list[dict], options: SynthesisOptions) -> list[tuple[dict, Any
     from ...verify import VerifyRequest, verify_batch
     from ..kernelbook import normalise_row
 
-    config = VerifierConfig(device="cuda", enable_calibrated_timing=False, workers=options.verify_workers)
+    config = VerifierConfig(device=options.verify_device, enable_calibrated_timing=False,
+                            workers=options.verify_workers)
     requests = []
     for row in rows:
         pair = normalise_row(row)
         requests.append(VerifyRequest(pair.task_code, pair.solution_code, label=row["sha"]))
-    return list(zip(rows, verify_batch(requests, config, device="cuda", progress=False)))
+    return list(zip(rows, verify_batch(requests, config, device=options.verify_device, progress=False)))
 
 
 def synthesize(options: SynthesisOptions) -> SynthesisReport:
@@ -191,19 +212,23 @@ def synthesize(options: SynthesisOptions) -> SynthesisReport:
     todo = [p for p in programs if p.digest not in done]
     report.already_done = len(programs) - len(todo)
     previous_runs = _previous_runs(options.out)
+    waiting = _captured_rows(options.out, done)  # captured by an earlier run, not yet verified
     kept_out, dropped_out = _Appender(options.out), _Appender(dropped_path(options.out))
+    captured_out = _Appender(captured_path(options.out))
     by_digest = {p.digest: p for p in todo}
 
     def write_report() -> None:
         _write_report(options.out, report, started, previous_runs)
 
     try:
-        todo = screen_programs(todo, options, report, dropped_out)
+        todo = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out)
         deadline = started + options.max_minutes * 60 if options.max_minutes > 0 else None
-        _run(todo, options, report, kept_out, dropped_out, by_digest, deadline, write_report)
+        outputs = _Outputs(kept_out, dropped_out, captured_out, write_report)
+        _run(todo, [row for sha, row in waiting.items() if sha in by_digest], options, report, outputs, by_digest,
+             deadline)
     finally:
-        kept_out.close()
-        dropped_out.close()
+        for handle in (kept_out, dropped_out, captured_out):
+            handle.close()
         write_report()
     return report
 
@@ -228,10 +253,23 @@ def _write_report(out: Path, report: SynthesisReport, started: float, previous_r
     os.replace(tmp, report_path(out))
 
 
-def _run(todo: list[Program], options: SynthesisOptions, report: SynthesisReport, kept_out: _Appender,
-         dropped_out: _Appender, by_digest: dict[str, Program], deadline: Optional[float], write_report) -> None:
+@dataclass
+class _Outputs:
+    kept: _Appender
+    dropped: _Appender
+    captured: _Appender
+    write_report: Callable[[], None]
+
+
+def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, report: SynthesisReport,
+         outputs: _Outputs, by_digest: dict[str, Program], deadline: Optional[float]) -> None:
+    """Captures in worker processes feed a verifier thread through a queue; rows captured by an
+    earlier run go to the verifier first."""
     workers = options.capture_workers or max(1, min(12, (os.cpu_count() or 2) // 2))
     captured: "queue.Queue[Optional[dict]]" = queue.Queue()
+    kept_out, dropped_out, write_report = outputs.kept, outputs.dropped, outputs.write_report
+    for row in waiting:
+        captured.put(row)
     bar = None
     if options.progress:
         from tqdm.auto import tqdm
@@ -264,7 +302,8 @@ def _run(todo: list[Program], options: SynthesisOptions, report: SynthesisReport
                 for row, result in verdicts:
                     program = by_digest[row["sha"]]
                     if result.correct:
-                        row["verified"] = {"device": "cuda", "stage": result.stage, "isolation": result.isolation}
+                        row["verified"] = {"device": options.verify_device, "stage": result.stage,
+                                           "isolation": result.isolation}
                         kept_out.write([row])
                         report.pairs_built += 1
                         report.by_family.setdefault(program.family, Counter())["kept"] += 1
@@ -305,6 +344,7 @@ def _run(todo: list[Program], options: SynthesisOptions, report: SynthesisReport
                 report.capture_seconds += outcome["seconds"]
                 if outcome["ok"]:
                     report.captured += 1
+                    outputs.captured.write([outcome["row"]])
                     captured.put(outcome["row"])
                 else:
                     count(program, outcome["reason"], outcome["detail"])

@@ -1,8 +1,8 @@
 """One program through torch inductor on a GPU: the generated code, the graph's inputs and the
 autotuner's launch choices, turned into a KernelBook-format row.
 
-``torch.compile`` runs with dynamic shapes (no duck sizing, parameters dynamic too), in inference,
-as one graph; GEMM and convolution programs ask for inductor's Triton templates instead of library
+``torch.compile`` runs with dynamic shapes (no duck sizing; parameters passed as arguments, so
+their sizes are dynamic too), in inference, as one graph; GEMM and convolution programs ask for inductor's Triton templates instead of library
 calls. A backend that records the graph's placeholders before handing it to inductor tells which
 argument of the generated ``call(args)`` is which: a forward argument, a parameter, or a size of
 one of them. From that the row's solution class is written: the task's constructor, and a forward
@@ -13,6 +13,7 @@ Needs CUDA; nothing here is imported by the CPU paths.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import time
 import types
@@ -22,13 +23,10 @@ from typing import Any, Optional
 from ..canonical import Canonical, CanonicalizeError, LaunchConfig, canonicalize
 from .programs import Program
 
+_ARGUMENT = re.compile(r"^L\['args'\]\[(\d+)\]")
 _SOURCE_ATOMS = [
-    (re.compile(r"\._modules\['([A-Za-z_]\w*)'\]"), r".\1"),
-    (re.compile(r"\._parameters\['([A-Za-z_]\w*)'\]"), r".\1"),
-    (re.compile(r"\._buffers\['([A-Za-z_]\w*)'\]"), r".\1"),
     (re.compile(r"\.size\(\)\[(\d+)\]"), r".size(\1)"),
     (re.compile(r"\.stride\(\)\[(\d+)\]"), r".stride(\1)"),
-    (re.compile(r"L\['([A-Za-z_]\w*)'\]"), r"\1"),
 ]
 _SIMPLE_EXPRESSION = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.(size|stride)\(\d+\))?$")
 
@@ -43,10 +41,13 @@ class Captured:
     rules: list[str] = field(default_factory=list)
 
 
-def source_expression(name: str) -> Optional[str]:
-    """Dynamo's source name of a graph input (``L['self']._modules['fc']._parameters['weight']``,
-    ``L['x'].size()[0]``) as an expression over ``self`` and the forward's arguments."""
-    text = name
+def source_expression(name: str, argument_names: list[str]) -> Optional[str]:
+    """Dynamo's source name of a graph input (``L['args'][2]``, ``L['args'][0].size()[1]``) as an
+    expression over ``self`` and the forward's arguments: ``args[i]`` is ``argument_names[i]``."""
+    match = _ARGUMENT.match(name)
+    if not match or int(match.group(1)) >= len(argument_names):
+        return None
+    text = argument_names[int(match.group(1))] + name[match.end():]
     for pattern, replacement in _SOURCE_ATOMS:
         text = pattern.sub(replacement, text)
     return text if _SIMPLE_EXPRESSION.match(text) else None
@@ -74,8 +75,16 @@ def _launch_configs(module: types.ModuleType) -> dict[str, LaunchConfig]:
 
 
 def _load(source: str) -> types.ModuleType:
-    module = types.ModuleType("synthesized_program")
-    exec(compile(source, "synthesized_program.py", "exec"), module.__dict__)
+    """The program as a module registered in ``sys.modules`` (dynamo resolves a function's globals
+    through its module)."""
+    import hashlib
+    import sys
+
+    name = "synthesized_program_" + hashlib.sha256(source.encode()).hexdigest()[:12]
+    module = types.ModuleType(name)
+    module.__file__ = f"{name}.py"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    sys.modules[name] = module
     return module
 
 
@@ -101,23 +110,32 @@ def capture(program: Program) -> Captured:
     except Exception as exc:  # noqa: BLE001 - a program that does not run is counted, not fatal
         return failed("program_does_not_run", f"{type(exc).__name__}: {exc}")
 
+    # Parameters and buffers go in as arguments (copies, so dynamo cannot trace back to the module's
+    # own): module attributes are compiled at their sizes, arguments with dynamic ones, and the
+    # verifier builds ModelNew at other constructor sizes.
+    state_names = [name for name, _ in model.named_parameters()] + [name for name, _ in model.named_buffers()]
+    state = dict(model.named_parameters())
+    state.update(dict(model.named_buffers()))
+    forward_names = list(inspect.signature(model.forward).parameters)
+    argument_names = [f"self.{name}" for name in state_names] + forward_names
+
+    def functional(*args):
+        return torch.func.functional_call(model, dict(zip(state_names, args[:len(state_names)])),
+                                          tuple(args[len(state_names):]))
+
     placeholders: list[list[str]] = []
 
     def recording_backend(graph_module, example_inputs):
         names = []
         for node in graph_module.graph.nodes:
             if node.op == "placeholder":
-                grapharg = node.meta.get("grapharg")
-                source = getattr(grapharg, "source", None)
+                source = getattr(node.meta.get("grapharg"), "source", None)
                 name = getattr(source, "name", "") if source is not None else ""
                 names.append(name() if callable(name) else str(name))  # a method before torch 2.12
         placeholders.append(names)
         return compile_fx(graph_module, example_inputs)
 
     torch._dynamo.reset()
-    for parameter in list(model.parameters()) + list(model.buffers()):
-        # Constructor sizes vary in the verifier: weights must not be compiled at one shape.
-        torch._dynamo.maybe_mark_dynamic(parameter, list(range(parameter.dim())))
     patches: dict[str, Any] = {"triton.cudagraphs": False}
     if program.uses_templates:
         patches.update({"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
@@ -125,17 +143,16 @@ def capture(program: Program) -> Captured:
     before = len(PyCodeCache.modules)
     try:
         with inductor_config.patch(patches), torch._dynamo.config.patch(
-                force_parameter_static_shapes=False, automatic_dynamic_shapes=True,
-                specialize_float=True), \
+                automatic_dynamic_shapes=True, specialize_float=True), \
                 torch.fx.experimental._config.patch(use_duck_shape=False), torch.no_grad():
-            compiled = torch.compile(model, backend=recording_backend, dynamic=True, fullgraph=True)
-            _, codes = run_and_get_code(compiled, *inputs)
+            compiled = torch.compile(functional, backend=recording_backend, dynamic=True, fullgraph=True)
+            _, codes = run_and_get_code(compiled, *[state[name].detach().clone() for name in state_names], *inputs)
     except Exception as exc:  # noqa: BLE001
         lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("Set TORCHDYNAMO")]
         return failed("inductor_failed", f"{type(exc).__name__}: {' | '.join(lines[-2:])}")
     if len(codes) != 1 or len(placeholders) != 1:
         return failed("not_one_graph", f"{len(codes)} codes, {len(placeholders)} graphs")
-    arguments = [source_expression(name) for name in placeholders[0]]
+    arguments = [source_expression(name, argument_names) for name in placeholders[0]]
     if not all(arguments):
         return failed("unmappable_graph_input", str(placeholders[0]))
     configs: dict[str, LaunchConfig] = {}

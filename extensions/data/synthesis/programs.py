@@ -101,8 +101,21 @@ def _dtype(rng: random.Random) -> str:
     return rng.choices(["", ", dtype=torch.float16", ", dtype=torch.bfloat16"], weights=[6, 1, 1])[0]
 
 
+def _distinct(constants: dict[str, int]) -> dict[str, int]:
+    """Bump repeated sizes until every constant differs (equal sizes may share one symbol)."""
+    seen: set[int] = set()
+    out = {}
+    for name, value in constants.items():
+        while value in seen:
+            value += 1
+        seen.add(value)
+        out[name] = value
+    return out
+
+
 def _module(constants: dict[str, int], init: str, forward_args: list[str], forward_body: str,
             inputs: list[str], init_inputs: str = "[]") -> str:
+    constants = _distinct(constants)
     lines = ["import torch", "import torch.nn as nn", "import torch.nn.functional as F", ""]
     lines += [f"{name} = {value}" for name, value in constants.items()]
     lines += ["", "", "class Model(nn.Module):"]
@@ -186,8 +199,11 @@ def _norm(rng: random.Random) -> tuple[str, bool]:
     constants = dict(zip(names, sizes))
     eps = _lit(rng, 1e-6, 1e-4)
     if kind == "layer":
-        init = f"#params features\nself.norm = nn.LayerNorm(features, eps={eps})"
-        body = "return self.norm(x)" if rng.random() < 0.5 else f"return {_unary(rng, 'self.norm(x)')}"
+        # The functional form with the shape read from x: nn.LayerNorm keeps its size as a Python int,
+        # which inductor compiles in, and the verifier varies it.
+        init = "#params features\nself.weight = nn.Parameter(torch.randn(features))\nself.bias = nn.Parameter(torch.randn(features))"
+        normed = f"F.layer_norm(x, x.shape[-1:], self.weight, self.bias, {eps})"
+        body = f"return {normed}" if rng.random() < 0.5 else f"return {_unary(rng, normed)}"
         return _module(constants, init, ["x"], body, [_shape_call(names, "")], "[features]"), False
     if kind == "rms":
         init = "#params features\nself.weight = nn.Parameter(torch.randn(features))"
