@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ..paths import retrieval_index_dir
+from ..verify.problem_constants import find_size_constants
 from ..prompt_builder import PromptBuilder
 from ..prompts import format_completion
 from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
@@ -221,6 +222,9 @@ def verify_kept_pairs(kept: list[_KeptPair], cfg, tally: SourceTally,
             log.debug("pair %s failed verification at %s: %s", item.pair.uuid, verdict.stage, verdict.error)
     summary = summarize_verification(verdicts)
     summary["every_kept_pair_verified"] = True
+    # KernelBook writes its shapes as literals: no size constant for the verifier to vary, so such a
+    # pair (and its kernels, compiled for those sizes) is judged at the row's own shape only.
+    summary["judged_at_own_shape_only"] = sum(1 for item in passed if not find_size_constants(item.pair.task_code))
     return passed, summary
 
 
