@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .paths import checkpoint_index
+from .paths import checkpoint_index, replaced_stage_dir, replaced_stage_dirs
 
 META = "meta.json"
 MANIFEST = "manifest.json"
@@ -200,3 +200,28 @@ def copy_checkpoint(source: Path, destination: Path) -> None:
     shutil.rmtree(destination, ignore_errors=True)
     os.replace(staging, destination)
     finalize(destination)
+
+
+def set_aside(stage_dir: Path) -> Path | None:
+    """Move a stage's results out of the way for a ``--force`` run, keeping them: called only once
+    everything the new run needs has loaded, so a failing start never touches them. ``None`` when
+    there was nothing to move."""
+    stage_dir = Path(stage_dir)
+    if not stage_dir.exists():
+        return None
+    target = replaced_stage_dir(stage_dir, time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}")
+    os.replace(stage_dir, target)
+    return target
+
+
+def discard_set_aside(stage_dir: Path) -> list[Path]:
+    """Delete the results a ``--force`` run set aside, once the new run has a complete checkpoint of
+    its own (until then they are the newest complete work there is)."""
+    stage_dir = Path(stage_dir)
+    if newest_complete(stage_dir) is None and not is_complete(stage_dir / "final"):
+        return []
+    removed = []
+    for old in replaced_stage_dirs(stage_dir):
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed

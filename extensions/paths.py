@@ -149,6 +149,21 @@ def retrieval_index_dir(processed: Path) -> Path:
     return Path(processed) / "retrieval"
 
 
+REPLACED_SUFFIX = ".replaced-"
+
+
+def replaced_stage_dir(stage_dir: Path, stamp: str) -> Path:
+    """Where ``--force`` sets a stage's old results aside (``checkpoints/sft.replaced-<stamp>``)."""
+    return Path(stage_dir).with_name(Path(stage_dir).name + REPLACED_SUFFIX + stamp)
+
+
+def replaced_stage_dirs(stage_dir: Path) -> list[Path]:
+    stage_dir = Path(stage_dir)
+    if not stage_dir.parent.is_dir():
+        return []
+    return sorted(p for p in stage_dir.parent.iterdir() if p.name.startswith(stage_dir.name + REPLACED_SUFFIX))
+
+
 def checkpoint_index(path: Path) -> int | None:
     """The step (``checkpoint-N``) or round (``round-NNN``) a checkpoint directory is named for."""
     for pattern in (_SFT_STEP, _RL_ROUND):

@@ -179,3 +179,39 @@ def test_stage_views_leave_out_paths_and_sync_settings():
     assert config_fingerprint(moved) != config_fingerprint(cfg)  # the full record still tells them apart
     assert "rl.learning_rate" not in stage_view(cfg, "sft") and "rl.learning_rate" in stage_view(cfg, "rl")
     assert "eval.temperature" in stage_view(cfg, "eval") and "eval.temperature" not in stage_view(cfg, "rl")
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_force_keeps_earlier_results_until_the_new_run_has_a_checkpoint(tmp_path, model_dir):
+    """--force with a start that cannot work (a model path with a typo, RL without its tasks)
+    leaves the earlier results byte-identical; a start that works moves them aside and removes
+    them only once it has a complete checkpoint of its own."""
+    root = tmp_path / "run"
+    config = write_run_config(tmp_path / "run.yaml", root, model_dir)
+    paths = RunPaths(root)
+    assert train(config, "--stage", "sft").returncode == 0
+    checkpoints_dir = paths.stage_dir("sft").parent
+    before = _snapshot(checkpoints_dir)
+    assert any(name.startswith("sft/final/") for name in before)
+
+    typo = train(config, "--stage", "sft", "--force", "--set", f"model.name_or_path={model_dir}-typo")
+    assert typo.returncode != 0
+    assert _snapshot(checkpoints_dir) == before
+
+    # RL's earlier rounds: a forced start without its tasks file touches none of them.
+    fake_round = paths.rl_round(1)
+    fake_round.mkdir(parents=True)
+    (fake_round / "adapter_model.safetensors").write_bytes(b"earlier round")
+    before = _snapshot(checkpoints_dir)
+    no_tasks = train(config, "--stage", "rl", "--force", "--set", "rl.init=base")
+    assert no_tasks.returncode != 0 and "rl_tasks" in (no_tasks.stdout + no_tasks.stderr)
+    assert _snapshot(checkpoints_dir) == before
+
+    forced = train(config, "--stage", "sft", "--force", "--set", "sft.learning_rate=1e-3")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "moved to" in forced.stdout and "removed" in forced.stdout
+    assert checkpoints.read_meta(paths.final("sft"))["config"]["sft"]["learning_rate"] == 0.001
+    assert not [p for p in checkpoints_dir.iterdir() if ".replaced-" in p.name]

@@ -79,7 +79,7 @@ class ModuleAnalysis:
         return 1
 
 
-def _dotted(node: ast.AST) -> Optional[str]:
+def dotted_name(node: ast.AST) -> Optional[str]:
     """``torch.nn.functional.relu`` -> that string; None for anything not a plain dotted name."""
     parts = []
     while isinstance(node, ast.Attribute):
@@ -93,7 +93,7 @@ def _dotted(node: ast.AST) -> Optional[str]:
 
 def _module_constructor(call: ast.Call) -> Optional[str]:
     """``nn.Conv2d(...)`` / ``torch.nn.Conv2d(...)`` -> "Conv2d"."""
-    name = _dotted(call.func)
+    name = dotted_name(call.func)
     if name and (name.startswith("nn.") or name.startswith("torch.nn.")) and name.split(".")[-1][:1].isupper():
         return name.split(".")[-1]
     return None
@@ -111,8 +111,8 @@ def _is_host_constant(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp):
         return _is_host_constant(node.left) and _is_host_constant(node.right)
     if isinstance(node, ast.Call):
-        return (_dotted(node.func) or "").startswith("math.") and all(map(_is_host_constant, node.args))
-    return (_dotted(node) or "").startswith("math.")
+        return (dotted_name(node.func) or "").startswith("math.") and all(map(_is_host_constant, node.args))
+    return (dotted_name(node) or "").startswith("math.")
 
 
 class _ForwardOps(ast.NodeVisitor):
@@ -168,7 +168,7 @@ class _ForwardOps(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        name = _dotted(func)
+        name = dotted_name(func)
         if name and name.startswith("self.") and name.count(".") == 1:
             attr = name.split(".", 1)[1]
             if attr in self.submodules:

@@ -19,7 +19,6 @@ start, on the same rollouts, to the same result.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from .rewards import ScoreFn, make_score_fn
 from .round_stats import multiturn_statistics, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
-from .saving import file_fingerprint, save_adapter_checkpoint
+from .saving import discard_replaced, file_fingerprint, save_adapter_checkpoint, set_stage_aside
 from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
 from .turn_rollouts import collect_trajectories, with_discounted_returns
@@ -112,16 +111,6 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     if skipped is not None:
         return skipped
     objective = make_objective(cfg)
-    if force:
-        if dist.is_main:
-            shutil.rmtree(paths.stage_dir("rl"), ignore_errors=True)
-            for r in range(1, rl.num_rounds + 1):
-                log_path = paths.rl_candidates_log(r)
-                if log_path.exists():
-                    CandidateLog(log_path).set_aside()
-            print("[rl] --force: restarting RL from its start; old rounds removed, candidate logs set aside", flush=True)
-        dist.barrier()
-
     tasks, task_report = read_rl_tasks(paths.rl_tasks)
     if dist.is_main:
         print(f"[rl] {task_report.summary('rl_tasks', 'tasks')}", flush=True)
@@ -130,7 +119,8 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     tokenizer = load_tokenizer(cfg.model)
     curriculum = Curriculum(rl.curriculum, seed=cfg.run.seed)
 
-    resume_dir = checkpoints.newest_complete(paths.stage_dir("rl"))
+    # --force: nothing is moved until the tasks, tokenizer and model have loaded.
+    resume_dir = None if force else checkpoints.newest_complete(paths.stage_dir("rl"))
     sft_final = paths.final("sft")
     start_from: Optional[Path] = resume_dir
     if resume_dir is None and rl.init == "sft":
@@ -142,6 +132,14 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     model = prepare_trainable_model(cfg, dist, resume_from=start_from, gradient_checkpointing=cfg.sft.gradient_checkpointing)
     settings = _rl_settings(cfg)
     trainer = AdapterTrainer(model, dist, settings, pad_token_id=tokenizer.pad_token_id, total_steps=0)
+    if force:
+        set_stage_aside("rl", paths.stage_dir("rl"), dist)
+        if dist.is_main:
+            for r in range(1, rl.num_rounds + 1):
+                log_path = paths.rl_candidates_log(r)
+                if log_path.exists():
+                    CandidateLog(log_path).set_aside()
+        dist.barrier()
     first_round = 1
     if resume_dir is not None:
         meta = checkpoints.read_meta(resume_dir)
@@ -171,6 +169,7 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
         for round_index in range(first_round, rl.num_rounds + 1):
             round_dir = _run_round(ctx, round_parts, tasks, round_index, policy_dir)
             policy_dir = last_round_dir = round_dir
+            discard_replaced("rl", paths.stage_dir("rl"), dist)
             if dist.is_main:
                 checkpoints.prune(paths.stage_dir("rl"), rl.keep_last_rounds)
             dist.barrier()

@@ -62,3 +62,22 @@ def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, da
         print(f"[{stage}] saved complete checkpoint {directory}", flush=True)
     dist.barrier()
     return directory
+
+
+def set_stage_aside(stage: str, stage_dir: Path, dist) -> None:
+    """``--force``, once the new run has loaded everything it needs: the old results move to
+    ``<stage>.replaced-<stamp>`` and stay there until the new run has a complete checkpoint."""
+    if dist.is_main:
+        moved = checkpoints.set_aside(stage_dir)
+        if moved is not None:
+            print(f"[{stage}] --force: earlier results moved to {moved}; they are deleted once this run "
+                  "writes its first complete checkpoint", flush=True)
+    dist.barrier()
+
+
+def discard_replaced(stage: str, stage_dir: Path, dist) -> None:
+    """After a complete checkpoint of the new run: what ``--force`` set aside can go."""
+    if dist.is_main:
+        for old in checkpoints.discard_set_aside(stage_dir):
+            print(f"[{stage}] removed {old} (set aside by --force; this run now has a complete checkpoint)",
+                  flush=True)

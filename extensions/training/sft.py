@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -22,7 +21,7 @@ from . import state as train_state
 from .batching import read_sft_jsonl, tokenize_examples
 from .distributed import make_dist
 from .metrics import MetricsLogger
-from .saving import file_fingerprint, save_adapter_checkpoint
+from .saving import discard_replaced, file_fingerprint, save_adapter_checkpoint, set_stage_aside
 from .trainer import AdapterTrainer, OptimSettings, StepPlan
 
 log = logging.getLogger(__name__)
@@ -78,13 +77,6 @@ def _total_steps(sft_cfg, steps_per_epoch: int) -> int:
     return max(1, math.ceil(sft_cfg.num_epochs * steps_per_epoch))
 
 
-def _clear_stage(paths: RunPaths, dist) -> None:
-    if dist.is_main:
-        shutil.rmtree(paths.stage_dir("sft"), ignore_errors=True)
-        print("[sft] --force: retraining from scratch; removed existing SFT checkpoints", flush=True)
-    dist.barrier()
-
-
 def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True) -> StageOutcome:
     paths = RunPaths.from_config(cfg)
     final_dir = paths.final("sft")
@@ -92,9 +84,6 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
     skipped = skipped_if_finished("sft", final_dir, dist, force)
     if skipped is not None:
         return skipped
-    if force:
-        _clear_stage(paths, dist)
-
     sft = cfg.sft
     tokenizer = load_tokenizer(cfg.model)
     train_pairs, train_rows = read_sft_jsonl(paths.sft_train)
@@ -124,9 +113,12 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
               f"an optimizer step (a new shuffle each epoch)", flush=True)
     total_steps = _total_steps(sft, plan.steps_per_epoch)
 
-    resume_dir = checkpoints.newest_complete(paths.stage_dir("sft"))
+    # --force: nothing is moved or deleted until the model, tokenizer and data have loaded.
+    resume_dir = None if force else checkpoints.newest_complete(paths.stage_dir("sft"))
     model = prepare_trainable_model(cfg, dist, resume_from=resume_dir, gradient_checkpointing=sft.gradient_checkpointing)
     trainer = AdapterTrainer(model, dist, settings, pad_token_id=tokenizer.pad_token_id, total_steps=total_steps)
+    if force:
+        set_stage_aside("sft", paths.stage_dir("sft"), dist)
     state = train_state.TrainerState(total_steps=total_steps, steps_per_epoch=plan.steps_per_epoch)
     if resume_dir is not None:
         train_state.load_optimizer(resume_dir, trainer.optimizer, trainer.scheduler, map_location=str(dist.device))
@@ -151,10 +143,12 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
                                       project=cfg.run.run_id)
 
     def save(directory, **extra):
-        return save_adapter_checkpoint(
+        saved = save_adapter_checkpoint(
             directory, dist=dist, model=trainer.model, cfg=cfg, stage="sft", data=data_meta,
             optimizer=trainer.optimizer, scheduler=trainer.scheduler, trainer_state=state, step=state.step, **extra,
         )
+        discard_replaced("sft", paths.stage_dir("sft"), dist)
+        return saved
 
     from tqdm.auto import tqdm
 

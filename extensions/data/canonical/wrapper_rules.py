@@ -20,6 +20,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..difficulty import dotted_name
 from .errors import CanonicalizeError
 
 REMOVED_CALLS = {"assert_size_stride", "assert_alignment", "get_raw_stream"}
@@ -77,13 +78,7 @@ def _call_name(node: ast.AST) -> Optional[str]:
 
 
 def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
+    return dotted_name(node) or ""
 
 
 def _cdiv(numel: ast.expr, block: Optional[int]) -> ast.expr:
