@@ -20,7 +20,7 @@ import sys
 
 from extensions.cloud import actions
 from extensions.config import add_config_args
-from extensions.entry_point import run_entry_point, start_config
+from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
 from extensions.paths import RunPaths
 from extensions.run_lock import lock_run
 from extensions.stage_freshness import stage_freshness
@@ -51,7 +51,9 @@ def manage(argv=None) -> int:
     paths = RunPaths.from_config(cfg)
     location = actions.resolve_location(cfg, args.bucket, args.prefix, args.run_id)
     if location is None and args.action != "watch":
-        sys.exit(f"--action {args.action} needs a bucket: --bucket, checkpoint.bucket or ${actions.BUCKET_ENV}")
+        print(f"{PROG}: --action {args.action} needs a bucket: --bucket, checkpoint.bucket or ${actions.BUCKET_ENV}",
+              file=sys.stderr, flush=True)
+        return EXIT_USAGE
     if args.action == "setup":
         return actions.setup(cfg, location)
     if args.action == "sync":
