@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from extensions.cloud import actions
-from extensions.config import add_config_args
+from extensions.config import add_config_args, parse_flags
 from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
 from extensions.paths import RunPaths
 from extensions.run_lock import lock_run
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="watch: stop (with a final sync) when the starting process is gone")
     add_config_args(parser, stage_script=True)
-    return parser.parse_args(argv)
+    return parse_flags(parser, argv)
 
 
 def manage(argv=None) -> int:

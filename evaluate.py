@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def evaluate(argv=None) -> int:
     from extensions.evaluation.commands import run_command
 
-    return run_command(build_parser().parse_args(argv))
+    from extensions.config import parse_flags
+
+    return run_command(parse_flags(build_parser(), argv))
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
-from extensions.config import add_config_args
+from extensions.config import add_config_args, parse_flags
 from extensions.data import SourceError, format_summary, prepare
 from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
 from extensions.paths import RunPaths
@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_samples", type=int, help="read at most N KernelBook rows (data.max_samples)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
-    return parser.parse_args(argv)
+    return parse_flags(parser, argv)
 
 
 def run(argv=None) -> int:

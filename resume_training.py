@@ -26,7 +26,7 @@ from pathlib import Path
 
 from extensions.cloud import actions
 from extensions.cloud.run_state import plan_resume, read_run_state, shell_assignments
-from extensions.config import add_config_args
+from extensions.config import add_config_args, parse_flags
 from extensions.entry_point import run_entry_point, start_config
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true",
                         help="retrain the stages whose saved results were made with other settings")
     add_config_args(parser, stage_script=True)
-    return parser.parse_args(argv)
+    return parse_flags(parser, argv)
 
 
 def resume(argv=None) -> int:

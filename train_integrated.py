@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from extensions.config import add_config_args
+from extensions.config import add_config_args, parse_flags
 from extensions.entry_point import run_entry_point, start_config
 from extensions.paths import RunPaths
 from extensions.run_lock import lock_run
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--stage", choices=["sft", "rl", "all"], default="all")
     parser.add_argument("--force", action="store_true", help="retrain a stage even if its final/ is complete")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (log files, CI)")
-    return parser.parse_args(argv)
+    return parse_flags(parser, argv)
 
 
 def train(argv=None) -> int:

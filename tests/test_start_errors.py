@@ -74,3 +74,15 @@ def test_bad_start_is_one_line_with_its_exit_status(case, tmp_path):
     errors = [line for line in result.stderr.splitlines() if named in line and not line.startswith(tuple(
         f"{prog}:   " for prog in ("train_integrated", "prepare_data", "checkpoint_manager")))]
     assert len(errors) == 1, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", [
+    ["prepare_data.py", "--smoke", "--no-progress", "--max-samples", "3", "--print-config"],
+    ["train_integrated.py", "--smoke", "--no_progress", "--print-config"],
+    ["evaluate.py", "--smoke", "--model-path", "x", "--num-tasks", "1", "--print-config"],
+    ["checkpoint_manager.py", "--action", "list", "--smoke", "--local_dir", "somewhere", "--print-config"],
+])
+def test_flags_take_either_spelling(command):
+    result = _run(*command)
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "unrecognized arguments" not in result.stderr

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .cli import add_config_args, announce_config, config_from_args, config_yaml
+from .cli import add_config_args, announce_config, config_from_args, config_yaml, parse_flags
 from .loader import ConfigError, ConfigHelpRequested, build, override, to_dict, yaml_load
 from .machine import DEFAULT_CONFIG, PROJECT_ROOT, SMOKE_CONFIG, default_config
 from .sections import (
@@ -83,6 +83,6 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 __all__ = [
     "CheckpointConfig", "ConfigError", "CurriculumConfig", "DataConfig", "EvalConfig", "LoggingConfig", "LoraConfig",
     "ModelConfig", "PipelineConfig", "PromptConfig", "RLConfig", "RunConfig", "SFTConfig", "VerifierConfig",
-    "ConfigHelpRequested", "add_config_args", "announce_config", "config_from_args", "config_yaml",
+    "ConfigHelpRequested", "add_config_args", "announce_config", "config_from_args", "config_yaml", "parse_flags",
     "load_config", "to_dict", "build", "override", "yaml_load", "DEFAULT_CONFIG", "SMOKE_CONFIG", "default_config",
 ]

@@ -15,6 +15,26 @@ from typing import Any, Iterable
 from .loader import ConfigError
 
 
+def parse_flags(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``parser.parse_args`` that takes a flag in either spelling: ``--no-progress`` and
+    ``--no_progress``, ``--model-path`` and ``--model_path`` name the same flag."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known = {option for action in parser._actions for option in action.option_strings}
+    spelled = []
+    for arg in argv:
+        if arg == "--":
+            spelled.extend(argv[len(spelled):])
+            break
+        name, sep, value = arg.partition("=")
+        if name.startswith("--") and name not in known:
+            for other in (name[:2] + name[2:].replace("-", "_"), name[:2] + name[2:].replace("_", "-")):
+                if other in known:
+                    name = other
+                    break
+        spelled.append(name + sep + value)
+    return parser.parse_args(spelled)
+
+
 def add_config_args(parser: argparse.ArgumentParser, *, stage_script: bool = False) -> None:
     """The shared config flags. ``stage_script``: a pipeline script started through
     ``extensions.entry_point``, which takes ``machine.default_config`` and handles ``--print-config``."""
