@@ -114,9 +114,35 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported config type {_type_name(tp)}")
 
 
+def key_aliases(cls: type) -> dict[str, tuple[str, Any]]:
+    """Another library's names for a section's keys (``KEY_ALIASES``: alias -> (key, value map))."""
+    return getattr(cls, "KEY_ALIASES", {}) or {}
+
+
+def resolve_alias(cls: type, key: str, value: Any, where: str) -> tuple[str, Any]:
+    """An aliased key and its value in this config's terms; other keys come back as they are."""
+    aliases = key_aliases(cls)
+    if key not in aliases:
+        return key, value
+    target, translate = aliases[key]
+    if translate is None:
+        return target, value
+    lookup = value.lower() if isinstance(value, str) else value
+    if lookup not in translate:
+        raise ConfigError(f"{where + '.' if where else ''}{key}: {value!r} has no equivalent here "
+                          f"(accepted: {', '.join(repr(v) for v in translate)}); set {target} instead")
+    return target, translate[lookup]
+
+
 def build(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; missing keys keep their defaults."""
+    """Build dataclass ``cls`` from ``data``; missing keys keep their defaults. A key another
+    library names differently (``KEY_ALIASES``) is read under its name here."""
     data = dict(data or {})
+    for alias in [k for k in data if k in key_aliases(cls)]:
+        target, value = resolve_alias(cls, alias, data.pop(alias), where)
+        if target in data:
+            raise ConfigError(f"{where + '.' if where else ''}{alias} and {target} name the same key; keep one")
+        data[target] = value
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -147,13 +173,17 @@ def override(cfg: Any, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r} must look like section.key=value "
                           f"(--set SECTION.help lists a section's keys)")
     raw = assignment.split("=", 1)[1]
-    if not dataclasses.is_dataclass(target) or key not in _field_names(target):
+    aliased = dataclasses.is_dataclass(target) and key in key_aliases(type(target))
+    if not dataclasses.is_dataclass(target) or (key not in _field_names(target) and not aliased):
         raise ConfigError(unknown_key_message(type(target), where, key, override=True))
     try:
         value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"--set {dotted}: value {raw!r} is not valid YAML ({first_line})") from None
+    if aliased:
+        key, value = resolve_alias(type(target), key, value, where)
+        dotted = f"{where}.{key}" if where else key
     hint = typing.get_type_hints(type(target))[key]
     if hint is str and not isinstance(value, str):
         value = raw  # `--set model.name_or_path=123` means the string

@@ -6,7 +6,7 @@ overrides what a CPU run needs. Each stage owns the fields of its own section.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import ClassVar, Literal, Optional, Union
 
 
 @dataclass
@@ -132,6 +132,18 @@ class RewardWeightsConfig:
 
 @dataclass
 class RLConfig:
+    # TRL's GRPOConfig names for the same settings, accepted in YAML and --set (docs/training.md):
+    # alias -> (key here, value translation or None). TRL's loss_type "grpo" averages each sample
+    # over its own tokens (sequence); "bnpo" and "dapo" normalise over the step's tokens (token).
+    KEY_ALIASES: ClassVar[dict[str, tuple[str, Optional[dict]]]] = {
+        "num_generations": ("samples_per_task", None),
+        "max_completion_length": ("max_new_tokens", None),
+        "epsilon": ("clip_eps_low", None),
+        "epsilon_high": ("clip_eps_high", None),
+        "num_iterations": ("ppo_epochs", None),
+        "loss_type": ("loss_normalization", {"grpo": "sequence", "bnpo": "token", "dapo": "token"}),
+        "scale_rewards": ("scale_advantages", {True: True, False: False, "group": True, "none": False}),
+    }
     # What the first round's policy is: the SFT stage's final adapter (required), or the base model
     # with a fresh LoRA adapter.
     init: Literal["sft", "base"] = "sft"
