@@ -171,6 +171,11 @@ class RLConfig:
     # verifier: the verifier's own reward (its reward_* keys); format / correctness / speed: presets
     # moving the weight from format and compiling to correctness, then speed; weights: reward_weights.
     reward_preset: Literal["verifier", "format", "correctness", "speed", "weights"] = "verifier"
+    # Your own reward, "module:function" (importable from the working directory or PYTHONPATH):
+    # fn(prompts, completions, verdicts, **kw) -> list[float], called once per round. The verifier
+    # stays the gate: a cheating flag scores 0 and a candidate that is not correct scores at most
+    # what reward_preset gives it (docs/training.md, "Your own reward").
+    reward_fn: Optional[str] = None
     reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
     ppo_epochs: int = 1  # passes over a round's rollouts (policy-gradient algorithms)
     clip_eps_low: float = 0.2  # ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high]

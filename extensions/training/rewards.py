@@ -16,8 +16,13 @@ verifier's own reward.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import importlib
+import math
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
+from ..config import ConfigError
 from ..verify.result import STAGES
 from ..verify.reward import is_cheating
 
@@ -76,3 +81,55 @@ def make_score_fn(rl_cfg) -> ScoreFn:
         return staged_reward(candidate.result, weights)
 
     return score
+
+
+# The user's reward (rl.reward_fn): prompts (each candidate's problem source), completions (the raw
+# answers), verdicts (VerifyResult dicts) and keyword arguments task_ids, levels, turns.
+RewardFn = Callable[..., Sequence[float]]
+
+
+class RewardFnError(ConfigError):
+    """rl.reward_fn cannot be loaded, or returned something that is not one number per candidate."""
+
+
+def load_reward_fn(spec: str) -> RewardFn:
+    """``"module:function"`` -> the function; the working directory is importable, as for ``python -m``."""
+    module_name, sep, function_name = spec.partition(":")
+    if not sep or not module_name or not function_name:
+        raise RewardFnError(f"rl.reward_fn {spec!r} must look like module:function")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the same message to the user
+        raise RewardFnError(f"rl.reward_fn {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, function_name, None)
+    if not callable(fn):
+        raise RewardFnError(f"rl.reward_fn {spec!r}: {module_name} has no function {function_name}")
+    return fn
+
+
+def gated_user_rewards(fn: RewardFn, candidates: Sequence, problems: dict[str, str], score_fn: ScoreFn) -> list[float]:
+    """The user's rewards for one round, gated by the verdicts: a cheating flag scores 0, and a
+    candidate that is not correct scores at most its ``score_fn`` (preset) reward."""
+    verdicts = [c.result or {} for c in candidates]
+    values = fn([problems.get(c.task_id, "") for c in candidates], [c.text for c in candidates], verdicts,
+                task_ids=[c.task_id for c in candidates], levels=[c.level for c in candidates],
+                turns=[getattr(c, "turn", 1) for c in candidates])
+    values = list(values) if values is not None else []
+    if len(values) != len(candidates):
+        raise RewardFnError(f"rl.reward_fn returned {len(values)} rewards for {len(candidates)} candidates")
+    rewards = []
+    for candidate, verdict, value in zip(candidates, verdicts, values):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise RewardFnError(f"rl.reward_fn returned {value!r}, not a number") from None
+        if not math.isfinite(value):
+            raise RewardFnError(f"rl.reward_fn returned {value} for {candidate.task_id}")
+        if is_cheating(verdict.get("flags") or []):
+            value = 0.0
+        elif not verdict.get("correct"):
+            value = min(value, float(score_fn(candidate)))
+        rewards.append(value)
+    return rewards

@@ -37,7 +37,7 @@ from .curriculum import Curriculum
 from .distributed import make_dist
 from .metrics import MetricsLogger
 from .objectives import Objective, RoundRollouts, UpdateContext, make_objective
-from .rewards import ScoreFn, make_score_fn
+from .rewards import RewardFn, ScoreFn, gated_user_rewards, load_reward_fn, make_score_fn
 from .round_stats import multiturn_statistics, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
@@ -116,6 +116,7 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
         print(f"[rl] {task_report.summary('rl_tasks', 'tasks')}", flush=True)
     if not tasks:
         raise ValueError(f"no usable RL tasks in {paths.rl_tasks}")
+    user_reward = load_reward_fn(rl.reward_fn) if rl.reward_fn else None  # fails before any model loads
     tokenizer = load_tokenizer(cfg.model)
     curriculum = Curriculum(rl.curriculum, seed=cfg.run.seed)
 
@@ -161,7 +162,8 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
                                       project=cfg.run.run_id)
     data_meta = {"rl_tasks": file_fingerprint(paths.rl_tasks), "tasks": len(tasks),
                  "start": str(start_from) if start_from else "base+fresh-lora"}
-    round_parts = RoundParts(trainer, curriculum, objective, score_fn or make_score_fn(rl), metrics, data_meta)
+    round_parts = RoundParts(trainer, curriculum, objective, score_fn or make_score_fn(rl), metrics, data_meta,
+                             reward_fn=user_reward)
     last_round_dir = resume_dir
     if dist.is_main:
         print(f"[rl] algorithm {rl.algorithm}, reward preset {rl.reward_preset}", flush=True)
@@ -208,6 +210,7 @@ class RoundParts:
     score_fn: ScoreFn
     metrics: MetricsLogger
     data_meta: dict
+    reward_fn: Optional[RewardFn] = None  # rl.reward_fn, gated by the verdicts
 
 
 def _prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
@@ -245,6 +248,10 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
     candidates, phase = collect(ctx, model, round_index, chosen, _policy_fingerprint(policy_dir, cfg.run.seed))
     for candidate in candidates:
         candidate.score = float(parts.score_fn(candidate))
+    if parts.reward_fn is not None:
+        problems = {t["task_id"]: t["code"] for t in chosen}
+        for candidate, value in zip(candidates, gated_user_rewards(parts.reward_fn, candidates, problems, parts.score_fn)):
+            candidate.score = value
     stats = round_statistics(candidates)
     if multi_turn:
         stats["multiturn"] = multiturn_statistics(candidates, rl.max_turns, cfg.prompt.max_prompt_tokens)
