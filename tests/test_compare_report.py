@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from extensions.config import VerifierConfig
-from extensions.evaluation.compare import compare_reports, per_task_scores, render_markdown, write_comparison
+from extensions.evaluation.compare import (compare_reports, funnel_title, per_task_scores, render_markdown,
+                                           write_comparison)
 from extensions.evaluation.records import SampleRecord, TaskRecord
 from extensions.evaluation.runner import VerificationOutcome, build_report
 from extensions.evaluation.stats import paired_bootstrap
@@ -70,6 +71,9 @@ def test_comparison_tables_and_plot(tmp_path):
     assert "checkpoint not found: x" in md and "n/a" in md
     assert json.loads(paths["json_path"].read_text())["paired_tasks"] == 40
     assert paths["png_path"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # no timing on CPU: the funnel alone, no empty speedup panel; the title says what n is
+    assert _png_width(paths["png_path"]) < 1000
+    assert "n=80 samples over 40 tasks per model" in funnel_title(list(reports), reports)
 
 
 def test_comparison_with_timing_plots_speedups(tmp_path):
@@ -81,6 +85,11 @@ def test_comparison_with_timing_plots_speedups(tmp_path):
     write_comparison(comparison, reports, json_path=tmp_path / "c.json", md_path=tmp_path / "c.md",
                      png_path=tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000
+    assert _png_width(tmp_path / "c.png") > 1200  # the funnel and the speedup panel
+
+
+def _png_width(path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")
 
 
 def test_compare_cli_reports_missing_checkpoints_and_exits_3(tmp_path, project_root):

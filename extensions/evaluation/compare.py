@@ -147,6 +147,13 @@ def render_markdown(comparison: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def funnel_title(names: list[str], reports: dict[str, dict]) -> str:
+    """The funnel panel's title, with how many samples and tasks each bar stands for."""
+    counts = sorted({(reports[n]["metrics"]["num_samples"], len(reports[n]["tasks"])) for n in names})
+    sizes = "; ".join(f"n={samples} samples over {tasks} tasks" for samples, tasks in counts)
+    return f"Verification funnel (share of all samples; {sizes}{' per model' if len(names) > 1 else ''})"
+
+
 def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: Path) -> None:
     """Funnel pass rates per model (grouped bars) and the speedups of correct samples."""
     import matplotlib
@@ -158,12 +165,16 @@ def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: 
 
     names = comparison["model_order"]
     turn_models = [n for n in names if comparison["models"][n].get("per_turn")]
+    speedups = {n: [s["speedup"] for t in reports[n]["tasks"] for s in t["samples"]
+                    if s["correct"] and s["speedup"] is not None] for n in names}
+    # Panels that have something to show: a run without timing (CPU) gets no empty speedup panel.
+    widths = [3] + ([2] if any(speedups.values()) else []) + ([2] if turn_models else [])
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.4 * sum(widths) / 2 + 0.5, 4.8),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    funnel_ax, *rest = axes[0]
+    speed_ax = rest.pop(0) if any(speedups.values()) else None
     if turn_models:
-        fig, (funnel_ax, speed_ax, turns_ax) = plt.subplots(1, 3, figsize=(18, 4.8),
-                                                            gridspec_kw={"width_ratios": [3, 2, 2]})
-        _plot_turns(turns_ax, {n: comparison["models"][n]["per_turn"] for n in turn_models})
-    else:
-        fig, (funnel_ax, speed_ax) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+        _plot_turns(rest.pop(0), {n: comparison["models"][n]["per_turn"] for n in turn_models})
     labels = [label for _, label in FUNNEL_BARS] + ["correct"]
     any_timing = any(comparison["models"][n]["timing"] for n in names)
     if any_timing:
@@ -182,14 +193,12 @@ def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: 
     funnel_ax.set_xticks(x, labels)
     funnel_ax.set_ylim(0, 109)
     funnel_ax.set_ylabel("% of samples reaching the stage")
-    funnel_ax.set_title("Verification funnel (share of all samples)")
+    funnel_ax.set_title(funnel_title(names, reports), fontsize=10)
     funnel_ax.legend(loc="upper right", fontsize=8)
     funnel_ax.grid(axis="y", alpha=0.3)
 
-    speedups = {n: [s["speedup"] for t in reports[n]["tasks"] for s in t["samples"]
-                    if s["correct"] and s["speedup"] is not None] for n in names}
-    speed_ax.set_title("Speedup of correct samples")
-    if any(speedups.values()):
+    if speed_ax is not None:
+        speed_ax.set_title("Speedup of correct samples")
         data = [speedups[n] or [np.nan] for n in names]
         speed_ax.boxplot(data, showfliers=False)
         rng = np.random.default_rng(0)
@@ -203,12 +212,8 @@ def plot_comparison(comparison: dict[str, Any], reports: dict[str, dict], path: 
         speed_ax.set_ylabel("speedup over PyTorch (log scale; 1x dashed)")
     else:
         reasons = sorted({comparison["models"][n]["no_timing_reason"] or "no correct sample was timed" for n in names})
-        text = "No speedups to show.\n\n" + "\n".join(textwrap.fill(r, 40) for r in reasons)
-        speed_ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=10, color="dimgrey",
-                      transform=speed_ax.transAxes)
-        speed_ax.set_xticks([])
-        speed_ax.set_yticks([])
-    fig.tight_layout()
+        fig.text(0.01, 0.01, "No speedups: " + "; ".join(reasons), fontsize=8, color="dimgrey")
+    fig.tight_layout(rect=(0, 0.05 if speed_ax is None else 0, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
