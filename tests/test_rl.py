@@ -116,10 +116,13 @@ def _log_records(paths: RunPaths, round_index: int) -> list[dict]:
     return [json.loads(line) for line in paths.rl_candidates_log(round_index).read_text().splitlines()]
 
 
-def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir):
+def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir, capsys):
     cfg, paths = _rl_config(tmp_path, model_dir)
     outcome = rl_module.run_rl(cfg, progress=False, verify_fn=fake_verify)
     assert outcome.status == "finished"
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rl] done:")]
+    assert len(summary) == 1 and "2 round(s) in this run" in summary[0]
+    assert "round 1: reward" in summary[0] and "round 2: reward" in summary[0] and "/9 correct" in summary[0]
     for r in (1, 2):
         round_dir = paths.rl_round(r)
         assert checkpoints.is_complete(round_dir, verify_hashes=True)

@@ -213,5 +213,7 @@ def test_force_keeps_earlier_results_until_the_new_run_has_a_checkpoint(tmp_path
     forced = train(config, "--stage", "sft", "--force", "--set", "sft.learning_rate=1e-3")
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert "moved to" in forced.stdout and "removed" in forced.stdout
+    summary = [line for line in forced.stdout.splitlines() if line.startswith("[sft] done:")]
+    assert len(summary) == 1 and "2 steps" in summary[0] and "last train loss" in summary[0] and "tokens/s" in summary[0]
     assert checkpoints.read_meta(paths.final("sft"))["config"]["sft"]["learning_rate"] == 0.001
     assert not [p for p in checkpoints_dir.iterdir() if ".replaced-" in p.name]

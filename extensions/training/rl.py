@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -165,6 +165,7 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     round_parts = RoundParts(trainer, curriculum, objective, score_fn or make_score_fn(rl), metrics, data_meta,
                              reward_fn=user_reward)
     last_round_dir = resume_dir
+    stage_started = time.perf_counter()
     if dist.is_main:
         print(f"[rl] algorithm {rl.algorithm}, reward preset {rl.reward_preset}", flush=True)
     try:
@@ -186,8 +187,19 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     if dist.is_main:
         checkpoints.copy_checkpoint(last_round_dir, final_dir)
         print(f"[rl] final adapter: {final_dir} (from {last_round_dir.name})", flush=True)
+        print("[rl] " + rounds_summary(round_parts.history, time.perf_counter() - stage_started), flush=True)
     dist.barrier()
     return StageOutcome("finished", str(final_dir), f"{rl.num_rounds} rounds")
+
+
+def rounds_summary(history: list, seconds: float) -> str:
+    """The end-of-stage line: each round this run trained, its reward, correct share and updates."""
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if not history:
+        return f"done: no round ran in this run ({minutes}m{rest:02d}s)"
+    rounds = "; ".join(f"round {r}: reward {reward:.3f}, {correct}/{judged} correct, {steps} update step(s)"
+                       for r, reward, correct, judged, steps in history)
+    return f"done: {len(history)} round(s) in this run, {minutes}m{rest:02d}s. {rounds}"
 
 
 def _load_objective_state(objective: Objective, resume_dir: Path, meta: dict) -> None:
@@ -211,6 +223,7 @@ class RoundParts:
     metrics: MetricsLogger
     data_meta: dict
     reward_fn: Optional[RewardFn] = None  # rl.reward_fn, gated by the verdicts
+    history: list = field(default_factory=list)  # (round, reward mean, correct, judged, update steps) this run
 
 
 def _prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
@@ -274,6 +287,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         "rollout_tokens_per_s": phase["sampled_tokens"] / sampling_s if phase["sampled_tokens"] and sampling_s > 0 else None,
         "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "training_s": training_s},
     }
+    parts.history.append((round_index, stats["reward_mean"], stats["correct"], stats["judged"],
+                          int(update_stats.get("train_steps", 0) or 0)))
     if dist.is_main:
         print(f"[rl] round {round_index}: reward mean {stats['reward_mean']:.3f} (std {stats['reward_std']:.3f}), "
               f"{stats['correct']}/{stats['judged']} correct, {update_stats.get('train_steps', 0)} update step(s), "

@@ -153,6 +153,7 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total_steps, initial=state.step, desc="sft", unit="step", disable=not (progress and dist.is_main))
+    run_started, first_step, first_tokens, last_loss = time.perf_counter(), state.step, state.tokens_seen, None
     try:
         while state.step < total_steps:
             if save_signal is not None and dist.any(save_signal.save_requested()):
@@ -164,6 +165,7 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
                         print(f"[sft] stop requested ({save_signal.reason}); saved {saved_dir}", flush=True)
                     return StageOutcome("stopped", str(saved_dir), f"stopped at step {state.step}")
             stats = trainer.train_step(plan, state.step)
+            last_loss = stats["loss"]
             state.step += 1
             state.tokens_seen += stats["tokens"]
             bar.update(1)
@@ -181,7 +183,24 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
     finally:
         bar.close()
         metrics.close()
+    if dist.is_main:
+        print("[sft] " + stage_summary(total_steps, state.step - first_step, state.tokens_seen,
+                                       state.tokens_seen - first_tokens, last_loss, state.last_eval_loss,
+                                       time.perf_counter() - run_started), flush=True)
     return StageOutcome("finished", str(final_dir), f"{total_steps} steps")
+
+
+def stage_summary(steps: int, steps_here: int, tokens: int, tokens_here: int, train_loss: Optional[float],
+                  eval_loss: Optional[float], seconds: float) -> str:
+    """The end-of-stage line: what was trained, to what loss, how fast (this process's share when
+    the stage resumed)."""
+    minutes, rest = divmod(int(round(seconds)), 60)
+    resumed = f" ({steps_here} in this run)" if steps_here != steps else ""
+    losses = f"last train loss {train_loss:.4f}" if train_loss is not None else "no train step in this run"
+    if eval_loss is not None:
+        losses += f", eval loss {eval_loss:.4f}"
+    rate = f", {tokens_here / seconds:.1f} tokens/s" if seconds > 0 and tokens_here else ""
+    return f"done: {steps} steps{resumed}, {tokens:,} tokens, {losses}, {minutes}m{rest:02d}s{rate}"
 
 
 def _evaluate(trainer: AdapterTrainer, val_examples, state: train_state.TrainerState, metrics: MetricsLogger) -> None:
