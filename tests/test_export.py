@@ -123,3 +123,13 @@ def test_dtype_flag_sets_the_saved_precision(trained_adapter, tmp_path):
         dtypes = {weights.get_tensor(name).dtype for name in weights.keys()}
     assert dtypes == {torch.bfloat16}
     assert json.loads((out / "meta.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_export_says_which_config_it_took(tmp_path):
+    """Without --config or --smoke the machine's default is taken, as by the stage scripts, and named."""
+    result = subprocess.run([sys.executable, "-m", "extensions.export", "--adapter", str(tmp_path / "none"),
+                             "--out", str(tmp_path / "out"), "--set", "model.dtype=float16"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    line = next(l for l in result.stderr.splitlines() if l.startswith("export: config "))
+    assert "smoke.yaml" in line and "no CUDA GPU" in line and "dtype float16" in line

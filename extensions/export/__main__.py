@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import ConfigError, add_config_args, config_from_args
+from ..config import ConfigError, add_config_args, config_from_args, config_yaml, parse_flags
 from .merge import ExportError, export_merged_model
 
 
@@ -23,14 +23,21 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="weights' dtype for the merge and the saved model (default: model.dtype; auto is "
                              "bf16 on a GPU, fp32 on the CPU)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    add_config_args(parser)
-    return parser.parse_args(argv)
+    add_config_args(parser, stage_script=True)
+    return parse_flags(parser, argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        cfg = config_from_args(args, [f"model.dtype={args.dtype}"] if args.dtype else [])
+        # The same default as the stage scripts (the machine's), said out loud: the merge's dtype and
+        # base model come from it.
+        cfg = config_from_args(args, [f"model.dtype={args.dtype}"] if args.dtype else [], machine_default=True)
+        if args.print_config:
+            print(config_yaml(cfg), end="")
+            return 0
+        print(f"export: config {cfg.source}" + (f" ({cfg.source_reason})" if cfg.source_reason else "")
+              + f"; base model {cfg.model.name_or_path}, dtype {cfg.model.dtype}", file=sys.stderr, flush=True)
         out = export_merged_model(args.adapter, args.out, cfg.model, config_source=cfg.source, device=args.device,
                                   overwrite=args.force)
     except (ExportError, ConfigError) as exc:
