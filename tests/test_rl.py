@@ -185,6 +185,9 @@ def test_interrupted_round_resumes_without_resampling_or_reverifying(tmp_path, m
     verifier = CountingVerifier()
     assert rl_module.run_rl(cfg, progress=False, verify_fn=verifier).status == "finished"
     assert sampled_prompts == [] and verifier.items == 5
+    metrics = json.loads((paths.rl_round(1) / "round_metrics.json").read_text())
+    assert metrics["reused_from_candidate_log"] == {"samples": 9, "verdicts": 4}
+    assert metrics["rollout_tokens"] == 0 and metrics["rollout_tokens_per_s"] is None
     records = _log_records(paths, 1)
     assert sum(rec["type"] == "sample" for rec in records) == 9
     assert len({(rec["task_id"], rec["sample_index"]) for rec in records if rec["type"] == "verdict"}) == 9

@@ -284,6 +284,7 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         "round": round_index, "algorithm": parts.objective.name, "reward_preset": rl.reward_preset, **stats,
         **update_stats, "curriculum_share": {str(k): v for k, v in shares.items()}, "curriculum": movement,
         "rollout_tokens": phase["sampled_tokens"],
+        "reused_from_candidate_log": {"samples": phase.get("samples_reused", 0), "verdicts": phase.get("verdicts_reused", 0)},
         "rollout_tokens_per_s": phase["sampled_tokens"] / sampling_s if phase["sampled_tokens"] and sampling_s > 0 else None,
         "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "training_s": training_s},
     }

@@ -163,7 +163,10 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     sequences = dict(contents.sequences)
     verdicts = {key: v for key, v in contents.verdicts.items() if key in samples}
     mine = ctx.dist.shard(tasks)
-    stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0}
+    # A resumed round's times and tokens are this process's only: what came from the log is counted
+    # apart, so a round that sampled nothing does not read as infinitely fast sampling.
+    stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0,
+             "samples_reused": len(samples), "verdicts_reused": len(verdicts)}
 
     tasks_per_chunk = max(1, rl.generation_batch_size // n)
     started = time.perf_counter()
