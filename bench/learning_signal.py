@@ -129,7 +129,7 @@ def build_config(args, work: Path):
     overrides = [
         f"run.root={work / 'run'}", "run.run_id=learning-signal",
         f"model.name_or_path={args.model}",
-        "data.kernelbook=bundled", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
+        f"data.kernelbook={args.sft_pairs}", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
         "data.kernelbench_levels=[1, 2]", "data.val_fraction=0.1", "data.rl_fraction=0.1",
         f"sft.max_steps={args.sft_steps}", "sft.per_device_batch_size=4", "sft.gradient_accumulation_steps=1",
         "sft.max_seq_len=2048", "sft.gradient_checkpointing=false", f"sft.learning_rate={args.sft_lr:.6e}",
@@ -332,6 +332,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="outputs/learning_signal", help="where the results JSON, table and plot go")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     parser.add_argument("--model", default="fetch:qwen2.5-coder-0.5b")
+    parser.add_argument("--sft-pairs", default="bundled",
+                        help="SFT pairs: 'bundled', or a KernelBook-format JSONL such as the synthesizer's "
+                             "(bench/results/synthesized_pairs_h100.jsonl.gz, gunzipped); every pair is verified "
+                             "by the data stage and decontaminated against the held-out split")
     parser.add_argument("--heldout-tasks", type=int, default=24)
     parser.add_argument("--rl-tasks", type=int, default=24)
     parser.add_argument("--samples", type=int, default=4, help="samples per task in RL and evaluation")
