@@ -334,7 +334,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default="fetch:qwen2.5-coder-0.5b")
     parser.add_argument("--sft-pairs", default="bundled",
                         help="SFT pairs: 'bundled', or a KernelBook-format JSONL such as the synthesizer's "
-                             "(bench/results/synthesized_pairs_h100.jsonl.gz, gunzipped); every pair is verified "
+                             "(bench/results/synthesized_pairs_h100.jsonl.gz); every pair is verified "
                              "by the data stage and decontaminated against the held-out split")
     parser.add_argument("--heldout-tasks", type=int, default=24)
     parser.add_argument("--rl-tasks", type=int, default=24)

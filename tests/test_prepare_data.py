@@ -157,8 +157,12 @@ def test_parquet_and_json_inputs_match_jsonl(tmp_path):
     (tmp_path / "kb.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "kb.json").write_text(json.dumps(rows))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "kb.parquet")
+    import gzip
+
+    with gzip.open(tmp_path / "kb.jsonl.gz", "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows))
     kept = {}
-    for suffix in ("jsonl", "json", "parquet"):
+    for suffix in ("jsonl", "json", "parquet", "jsonl.gz"):
         outcome = prepare(_config(str(tmp_path / f"kb.{suffix}")), tmp_path / suffix, progress=False)
         tally = outcome.report["sources"]["kernelbook"]
         kept[suffix] = (tally["read"], tally["kept"])

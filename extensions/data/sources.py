@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
 NONE = "none"
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 KERNELBENCH_HUB_SPLITS = {level: f"level_{level}" for level in (1, 2, 3, 4)}
 
 
@@ -41,7 +41,10 @@ def is_local(spec: str) -> bool:
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceRow]:
-    with open(path, "rb") as handle:
+    import gzip
+
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
@@ -103,10 +106,10 @@ def read_local(spec: str) -> Iterator[SourceRow]:
     path = Path(spec).expanduser()
     if not path.is_file():
         raise SourceError(f"data source {spec!r}: file not found")
-    suffix = path.suffix.lower()
-    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+    suffix = ".jsonl.gz" if path.name.lower().endswith(".jsonl.gz") else path.suffix.lower()
+    readers = {".jsonl": _read_jsonl, ".jsonl.gz": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
     if suffix not in readers:
-        raise SourceError(f"data source {spec!r}: unsupported file type {suffix!r} (use .jsonl, .json or .parquet)")
+        raise SourceError(f"data source {spec!r}: unsupported file type {suffix!r} (use .jsonl, .jsonl.gz, .json or .parquet)")
     return readers[suffix](path)
 
 
