@@ -135,4 +135,5 @@ def test_compare_shows_per_turn_tables_and_curves(outcome, tmp_path):
     from PIL import Image
 
     with Image.open(paths["png_path"]) as image:
-        assert image.size[0] > 2000  # three panels: funnel, speedups, per-turn curves
+        # two panels: the funnel and the per-turn curves (no timing on CPU, so no empty speedup panel)
+        assert 1300 < image.size[0] < 2000
