@@ -3,8 +3,9 @@
 ``verify_pairs`` judges each pair's solution against its own task with ``extensions.verify`` (on
 CUDA where a GPU is visible, else in the Triton interpreter; timing off: a pair is training data,
 not a reward) and returns one ``PairVerdict`` per pair. Verdicts are cached by content: the key is
-the task, the solution, the device and a digest of the verifier's own code, so a re-run (or another
-run on the same machine) judges nothing twice and a changed verifier judges everything again. The
+the task, the solution, the device, the verifier settings that decide a verdict and a digest of the
+verifier's own code, so a re-run (or another run on the same machine) judges nothing twice and a
+changed verifier, or stricter settings, judges everything again. The
 cache is a JSON-lines file (``$KERNEL_RL_VERIFY_CACHE``, else ``~/.cache/kernel-rl/verified_pairs.jsonl``),
 appended under a lock; a line cut short by a dying machine is ignored.
 """
@@ -54,8 +55,15 @@ def verifier_digest() -> str:
     return digest.hexdigest()
 
 
-def verdict_key(pair: KernelBookPair, device: str) -> str:
-    text = json.dumps([pair.task_code, pair.solution_code, device, verifier_digest()])
+# How verification is scheduled, not what it checks: these do not enter a verdict's key.
+_SCHEDULING_KEYS = ("workers", "fork_server", "fork_servers_per_slot", "prespawn_workers", "prebuilt_triton_cache")
+
+
+def verdict_key(pair: KernelBookPair, device: str, verifier_cfg: VerifierConfig) -> str:
+    """The task, the solution, where and under which checks it was judged, and the verifier's code:
+    a verdict under the smoke config's three input sets is no verdict under the default's five."""
+    checks = {k: v for k, v in dataclasses.asdict(verifier_cfg).items() if k not in _SCHEDULING_KEYS}
+    text = json.dumps([pair.task_code, pair.solution_code, device, checks, verifier_digest()], sort_keys=True)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -95,13 +103,13 @@ def verify_pairs(pairs: Sequence[KernelBookPair], verifier_cfg: VerifierConfig, 
     from ..verify.api import resolve_device
 
     device = resolve_device(None, verifier_cfg)
+    config = dataclasses.replace(verifier_cfg, enable_calibrated_timing=False)
     cache = cache or cache_path()
     known = _read_cache(cache)
-    keys = [verdict_key(pair, device) for pair in pairs]
+    keys = [verdict_key(pair, device, config) for pair in pairs]
     todo = [i for i, key in enumerate(keys) if key not in known]
     fresh: dict[str, PairVerdict] = {}
     if todo:
-        config = dataclasses.replace(verifier_cfg, enable_calibrated_timing=False)
         requests = [VerifyRequest(pairs[i].task_code, pairs[i].solution_code, label=pairs[i].uuid) for i in todo]
         for index, result in zip(todo, verify_batch(requests, config, device=device, progress=progress)):
             fresh[keys[index]] = PairVerdict(
