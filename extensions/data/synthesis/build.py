@@ -64,6 +64,12 @@ class SynthesisReport:
     verify_seconds: float = 0.0  # wall time of the verifier's batches
     stopped_early: bool = False
 
+    def count(self, family: str, outcome: str) -> None:
+        """One program's outcome: kept, or the reason it was dropped."""
+        if outcome != "kept":
+            self.dropped[outcome] += 1
+        self.by_family.setdefault(family, Counter())[outcome] += 1
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["dropped"] = dict(self.dropped.most_common())
@@ -151,6 +157,10 @@ class _Appender:
         self.handle.close()
 
 
+def _dropped_row(program: Program, reason: str, detail: str = "") -> dict[str, str]:
+    return {"digest": program.digest, "name": program.name, "reason": reason, "detail": detail}
+
+
 def _capture_in_worker(program: Program) -> dict[str, Any]:
     from .capture import capture
 
@@ -178,10 +188,8 @@ def screen_programs(programs: list[Program], options: SynthesisOptions, report: 
             near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
             reason = "near_duplicate" if near else ""
         if reason:
-            report.dropped[reason] += 1
-            report.by_family.setdefault(program.family, Counter())[reason] += 1
-            rows.append({"digest": program.digest, "name": program.name, "reason": reason,
-                         "detail": f"{(match or near)[0]} ({(match or near)[1]:.2f})"})
+            report.count(program.family, reason)
+            rows.append(_dropped_row(program, reason, f"{(match or near)[0]} ({(match or near)[1]:.2f})"))
             continue
         kept_index.add(program.digest, shingles)
         kept.append(program)
@@ -190,17 +198,15 @@ def screen_programs(programs: list[Program], options: SynthesisOptions, report: 
 
 
 def _verify(rows: list[dict], options: SynthesisOptions) -> list[tuple[dict, Any]]:
+    """Captured rows judged as the data stage judges pairs (its verdicts cached the same way, so a
+    later ``prepare_data.py`` on this machine does not judge them again)."""
     from ...config import VerifierConfig
-    from ...verify import VerifyRequest, verify_batch
     from ..kernelbook import normalise_row
+    from ..pair_verification import verify_pairs
 
-    config = VerifierConfig(device=options.verify_device, enable_calibrated_timing=False,
-                            workers=options.verify_workers)
-    requests = []
-    for row in rows:
-        pair = normalise_row(row)
-        requests.append(VerifyRequest(pair.task_code, pair.solution_code, label=row["sha"]))
-    return list(zip(rows, verify_batch(requests, config, device=options.verify_device, progress=False)))
+    config = VerifierConfig(device=options.verify_device, workers=options.verify_workers)
+    verdicts = verify_pairs([normalise_row(row) for row in rows], config, progress=False)
+    return list(zip(rows, verdicts))
 
 
 def synthesize(options: SynthesisOptions) -> SynthesisReport:
@@ -276,10 +282,9 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
 
         bar = tqdm(total=len(todo), desc="synthesize", unit="program", mininterval=1.0)
 
-    def count(program: Program, reason: str, detail: str = "") -> None:
-        report.dropped[reason] += 1
-        report.by_family.setdefault(program.family, Counter())[reason] += 1
-        dropped_out.write([{"digest": program.digest, "name": program.name, "reason": reason, "detail": detail}])
+    def drop(program: Program, reason: str, detail: str = "") -> None:
+        report.count(program.family, reason)
+        dropped_out.write([_dropped_row(program, reason, detail)])
 
     def verifier() -> None:
         batch: list[dict] = []
@@ -291,7 +296,7 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
             else:
                 batch.append(item)
             if deadline is not None and time.time() > deadline:
-                # Past the deadline captured rows are left for the next run (they are in neither file).
+                # Past the deadline captured rows wait in captured.jsonl for the next run.
                 report.stopped_early = True
                 batch = []
                 continue
@@ -302,13 +307,13 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
                 for row, result in verdicts:
                     program = by_digest[row["sha"]]
                     if result.correct:
-                        row["verified"] = {"device": options.verify_device, "stage": result.stage,
+                        row["verified"] = {"device": result.device, "stage": result.stage,
                                            "isolation": result.isolation}
                         kept_out.write([row])
                         report.pairs_built += 1
-                        report.by_family.setdefault(program.family, Counter())["kept"] += 1
+                        report.count(program.family, "kept")
                     else:
-                        count(program, f"verify_{result.stage}", (result.error or "")[:200])
+                        drop(program, f"verify_{result.stage}", (result.error or "")[:200])
                 batch = []
                 write_report()
 
@@ -319,7 +324,7 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                              initializer=_init_worker) as pool:
         while remaining or pending:
-            if deadline is not None and time.time() > deadline and not report.stopped_early:
+            if deadline is not None and time.time() > deadline:
                 report.stopped_early = True  # what has not started runs in the next call
                 remaining = []
                 for future in list(pending):
@@ -339,7 +344,7 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
                 try:
                     outcome = future.result()
                 except Exception as exc:  # noqa: BLE001 - a dead worker loses one program, not the run
-                    count(program, "capture_crashed", type(exc).__name__)
+                    drop(program, "capture_crashed", type(exc).__name__)
                     continue
                 report.capture_seconds += outcome["seconds"]
                 if outcome["ok"]:
@@ -347,7 +352,7 @@ def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, re
                     outputs.captured.write([outcome["row"]])
                     captured.put(outcome["row"])
                 else:
-                    count(program, outcome["reason"], outcome["detail"])
+                    drop(program, outcome["reason"], outcome["detail"])
     captured.put(None)
     verifying.join()
     if bar is not None:
