@@ -161,8 +161,7 @@ def _is_inductor_scaffolding(node: ast.stmt) -> bool:
         return True
     if isinstance(node, ast.Assign):
         text = ast.unparse(node.value)
-        return (text.startswith(("torch._C", "torch.ops", "AsyncCompile", "runner", "Runner("))
-                or text in ("torch.ops.aten", "torch.ops.inductor"))
+        return text.startswith(("torch._C", "torch.ops", "AsyncCompile", "runner", "Runner("))
     if isinstance(node, ast.FunctionDef) and node.name in WRAPPER_ONLY_DEFS:
         return True
     return False
