@@ -3,7 +3,6 @@ plugs in through the config; the verifier's verdict stays the gate."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

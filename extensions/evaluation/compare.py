@@ -7,7 +7,6 @@ bootstrap resamples tasks. A difference whose interval contains 0 is reported as
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
