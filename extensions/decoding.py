@@ -32,7 +32,7 @@ import contextlib
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +222,15 @@ def _prefill_mask(attention, cache_len: int):
     return full
 
 
+class DecodeStopped(Exception):
+    """``should_stop`` answered True: the batch was abandoned between two steps."""
+
+
 def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: float, top_p: float,
            seed: int, eos_token_ids: Sequence[int] = (), use_cuda_graph: bool = True,
-           compile_step: bool = False, stats: Optional[DecodeStats] = None, return_logprobs: bool = False):
+           compile_step: bool = False, stats: Optional[DecodeStats] = None, return_logprobs: bool = False,
+           on_tokens: Optional[Callable[[int, int], None]] = None,
+           should_stop: Optional[Callable[[], bool]] = None):
     """Generate ``max_new_tokens`` tokens for each left-padded row of ``input_ids``.
 
     Returns a (batch, steps) tensor of new token ids on the CPU; ``steps`` is shorter than
@@ -233,6 +239,11 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     through ``torch.compile`` (fused elementwise kernels; compiled once per shape, on a GPU only).
     ``return_logprobs`` returns ``(tokens, logprobs)``: a float32 (batch, steps) tensor of each
     chosen token's log-probability under the tempered full distribution (see the module docstring).
+
+    ``on_tokens(steps, tokens)`` is called every ``EOS_CHECK_EVERY`` steps and at the end with the
+    steps taken and the tokens produced by rows that had not ended yet (what progress reports).
+    ``should_stop()`` is asked before every step; True abandons the batch with ``DecodeStopped``, so
+    a Ctrl-C does not wait for hundreds of steps.
     """
     import torch
     from transformers import StaticCache
@@ -248,6 +259,8 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     tokens = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    # Counted on the device: reading it is a host sync, done only where one happens anyway.
+    live_tokens = torch.zeros((), dtype=torch.long, device=device)
     token_logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if return_logprobs else None
     logprob_temperature = temperature if temperature > 0 else 1.0
 
@@ -283,14 +296,20 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
         warmup_steps = 2  # eager steps before capture: they load kernels and size the allocator
         steps = 0
         for t in range(max_new_tokens):
+            if should_stop is not None and should_stop():
+                raise DecodeStopped(f"stopped after {steps} of at most {max_new_tokens} steps")
             token = pick_tokens(logits, temperature, top_p, generator, compiled=compiling)
             tokens[:, t] = token
             if token_logprobs is not None:
                 token_logprobs[:, t] = chosen_logprobs(logits, token, logprob_temperature)
             steps = t + 1
+            live_tokens += batch - finished.sum()
             if eos.numel():
                 finished |= torch.isin(token, eos)
-                if steps % EOS_CHECK_EVERY == 0 and bool(finished.all()):
+            if steps % EOS_CHECK_EVERY == 0:
+                if on_tokens is not None:
+                    on_tokens(steps, int(live_tokens))
+                if eos.numel() and bool(finished.all()):
                     break
             if steps == max_new_tokens:
                 break
@@ -308,6 +327,8 @@ def decode(model, input_ids, attention, max_new_tokens: int, *, temperature: flo
                 logits = _on_side_stream(forward_step)
             else:
                 logits = forward_step()
+        if on_tokens is not None and steps % EOS_CHECK_EVERY:
+            on_tokens(steps, int(live_tokens))
         stats.steps = steps
         stats.graph_used = graph is not None
         stats.compiled = compiling

@@ -7,8 +7,9 @@ so results are reproducible for a given seed and batch composition.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 @dataclass
@@ -60,6 +61,38 @@ def left_pad(rows: Sequence[list[int]], pad_token_id: int):
     return input_ids, attention
 
 
+class SamplingStopped(Exception):
+    """``should_stop`` ended sampling early. ``partial`` is the result in the usual shape, with
+    None for every sequence that was not finished: whole batches done before the stop are kept."""
+
+    def __init__(self, partial: list[list]):
+        super().__init__("sampling stopped on request")
+        self.partial = partial
+
+
+class TokenProgress:
+    """The sampling bar's token count and rate, refreshed at most twice a second."""
+
+    REFRESH_S = 0.5
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.done_tokens = 0  # tokens of finished batches
+        self.started = time.perf_counter()
+        self._shown = 0.0
+
+    def update(self, batch_tokens: int, *, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and now - self._shown < self.REFRESH_S:
+            return
+        self._shown = now
+        total = self.done_tokens + batch_tokens
+        rate = total / max(now - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{total} tok, {rate:.0f} tok/s")
+        if final:
+            self.done_tokens = total
+
+
 @dataclass
 class SampledSequence:
     """One sampled continuation: its token ids (ending with the end-of-sequence token when the
@@ -73,8 +106,13 @@ class SampledSequence:
 
 def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: SamplingParams, *,
                      pad_token_id: int, eos_token_ids: Sequence[int], progress: bool = True,
-                     stop_at_eos: bool = True, stats=None, with_logprobs: bool = False) -> list[list]:
+                     stop_at_eos: bool = True, stats=None, with_logprobs: bool = False,
+                     should_stop: Optional[Callable[[], bool]] = None) -> list[list]:
     """``n`` sampled continuations (token ids, eos and padding removed) for each prompt.
+
+    The bar counts sequences and shows tokens produced and tokens/s while a batch decodes.
+    ``should_stop`` is asked between decode steps; when it answers True, ``SamplingStopped`` carries
+    what finished batches produced.
 
     ``stats`` (a ``DecodeStats``), when given, receives the last batch's decode statistics.
     ``with_logprobs`` returns ``SampledSequence`` objects instead, whose tokens keep the end of
@@ -82,7 +120,7 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
     """
     from tqdm.auto import tqdm
 
-    from .decoding import decode
+    from .decoding import DecodeStopped, decode
 
     model = _unwrap(model)
     if n < 1:
@@ -97,16 +135,28 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
     model.eval()
     eos_set = set(eos_token_ids)
     bar = tqdm(total=len(jobs), desc="sampling", unit="seq", disable=not progress)
+    tokens_shown = TokenProgress(bar)
     try:
         for batch_index, start in enumerate(range(0, len(jobs), params.batch_size)):
             batch = jobs[start:start + params.batch_size]
             input_ids, attention = left_pad([prompt_ids[p] for p, _ in batch], pad_token_id)
-            decoded = decode(
-                model, input_ids, attention, params.max_new_tokens, temperature=params.temperature,
-                top_p=params.top_p, seed=params.seed + batch_index,
-                eos_token_ids=eos_token_ids if stop_at_eos else (), use_cuda_graph=params.cuda_graphs,
-                compile_step=params.compile_step, stats=stats, return_logprobs=with_logprobs,
-            )
+            batch_tokens = [0]
+
+            def on_tokens(_steps: int, tokens: int) -> None:
+                batch_tokens[0] = tokens
+                tokens_shown.update(tokens)
+
+            try:
+                decoded = decode(
+                    model, input_ids, attention, params.max_new_tokens, temperature=params.temperature,
+                    top_p=params.top_p, seed=params.seed + batch_index,
+                    eos_token_ids=eos_token_ids if stop_at_eos else (), use_cuda_graph=params.cuda_graphs,
+                    compile_step=params.compile_step, stats=stats, return_logprobs=with_logprobs,
+                    on_tokens=on_tokens if progress else None, should_stop=should_stop,
+                )
+            except DecodeStopped:
+                raise SamplingStopped(results) from None
+            tokens_shown.update(batch_tokens[0], final=True)
             generated, logprobs = (decoded[0].tolist(), decoded[1].tolist()) if with_logprobs else (decoded.tolist(), None)
             for row, (p, s) in enumerate(batch):
                 tokens = generated[row]
@@ -139,6 +189,7 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, para
 
 def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
                     *, progress: bool = True, prompt_ids: Optional[list[list[int]]] = None,
+                    should_stop: Optional[Callable[[], bool]] = None,
                     ) -> tuple[list[list[int]], list[list[tuple[str, SampledSequence]]]]:
     """RL rollouts: the prompts' token ids and, per prompt, ``n`` (text, ``SampledSequence``) pairs.
 
@@ -146,6 +197,8 @@ def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params:
     sequence holds the exact sampled ids and their log-probabilities (what the update trains on).
     ``prompt_ids`` are the prompts as ``render_prompt_ids`` gives them, for a caller that already
     rendered them (the chat template is not cheap on long prompts); None renders them here.
+    A stop (``should_stop``) raises ``SamplingStopped`` whose ``partial`` holds (text, sequence)
+    pairs for the finished sequences and None for the rest.
     """
     if not prompts:
         return [], []
@@ -153,12 +206,17 @@ def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params:
         prompt_ids = render_prompt_ids(tokenizer, prompts)
     elif len(prompt_ids) != len(prompts):
         raise ValueError(f"{len(prompt_ids)} rendered prompts for {len(prompts)} prompts")
-    sequences = sample_token_ids(
-        model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=eos_token_ids(model, tokenizer), progress=progress, with_logprobs=True,
-    )
     def text(seq: SampledSequence) -> str:
         ids = seq.token_ids[:-1] if seq.stopped else seq.token_ids
         return tokenizer.decode(ids, skip_special_tokens=True)
 
+    try:
+        sequences = sample_token_ids(
+            model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
+            eos_token_ids=eos_token_ids(model, tokenizer), progress=progress, with_logprobs=True,
+            should_stop=should_stop,
+        )
+    except SamplingStopped as stopped:
+        raise SamplingStopped([[None if seq is None else (text(seq), seq) for seq in per_prompt]
+                               for per_prompt in stopped.partial]) from None
     return prompt_ids, [[(text(seq), seq) for seq in per_prompt] for per_prompt in sequences]

@@ -16,7 +16,7 @@ from extensions import checkpoints
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
 from extensions.training.stages import EXIT_STOPPED
-from extensions.training.tiny import save_tiny_model, tiny_sft_rows
+from extensions.training.tiny import save_tiny_model, tiny_rl_tasks, tiny_sft_rows
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "eval"
@@ -111,6 +111,41 @@ sft: {{max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_st
     saved = checkpoints.newest_complete(paths.stage_dir("sft"))
     assert saved is not None and checkpoints.read_meta(saved)["step"] >= 2
     assert not checkpoints.is_complete(paths.final("sft"))
+    assert not paths.run_lock.exists()
+
+
+def test_ctrl_c_during_rl_sampling_stops_at_the_next_decode_step(tmp_path, model_dir):
+    """A batch that would decode 100,000 tokens: the first Ctrl-C stops it between two steps (exit
+    75, nothing of the unfinished batch logged) instead of after the whole batch; the run resumes."""
+    root = tmp_path / "run"
+    paths = RunPaths(root)
+    paths.processed.mkdir(parents=True)
+    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(2)))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""
+run: {{root: "{root}"}}
+model: {{name_or_path: "{model_dir}", dtype: float32}}
+lora: {{r: 4, alpha: 8}}
+prompt: {{mode: plain}}
+rl: {{init: base, num_rounds: 1, tasks_per_round: 2, samples_per_task: 1, max_new_tokens: 100000,
+      generation_batch_size: 2, cuda_graphs: false}}
+""")
+    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config),
+                             "--stage", "rl", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=PROJECT_ROOT, preexec_fn=_as_a_foreground_command)
+    log = paths.rl_candidates_log(1)
+    try:
+        _wait_for(log.is_file, proc)  # the round header is written just before sampling starts
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_STOPPED, out + err
+    assert "Traceback" not in err and "[rl] stopping on request (SIGINT)" in out
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["round"]  # the batch was abandoned, not finished
     assert not paths.run_lock.exists()
 
 

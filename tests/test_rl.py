@@ -159,20 +159,25 @@ def test_interrupted_round_resumes_without_resampling_or_reverifying(tmp_path, m
     sampled_prompts = []
     real_sample = rollouts_module.sample_rollouts
 
-    def counting_sample(model, tokenizer, prompts, n, params, *, progress=True):
+    signal = SaveSignal.for_run(paths)
+    stop_after_first_batch = [True]
+
+    def counting_sample(model, tokenizer, prompts, n, params, *, progress=True, **kwargs):
         sampled_prompts.append(len(prompts))
-        return real_sample(model, tokenizer, prompts, n, params, progress=progress)
+        sampled = real_sample(model, tokenizer, prompts, n, params, progress=progress, **kwargs)
+        if stop_after_first_batch[0]:
+            signal.request("test", stop=True)  # as a SIGTERM arriving while the batch decoded
+        return sampled
 
     monkeypatch.setattr(rollouts_module, "sample_rollouts", counting_sample)
 
     # 1. stop (as SIGTERM would) after the first generate batch: 2 of 3 tasks sampled
-    signal = SaveSignal.for_run(paths)
-    signal.request("test", stop=True)
     outcome = rl_module.run_rl(cfg, save_signal=signal, progress=False, verify_fn=CountingVerifier())
     assert outcome.status == "stopped" and sampled_prompts == [2]
     assert sum(rec["type"] == "sample" for rec in _log_records(paths, 1)) == 6
 
     # 2. crash during the second verification chunk: only the missing task is sampled
+    stop_after_first_batch[0] = False
     sampled_prompts.clear()
     crashing = CountingVerifier(fail_on_call=2)
     with pytest.raises(KeyboardInterrupt):

@@ -273,7 +273,7 @@ def test_a_turn_renders_each_prompt_once_and_samples_the_tokens_that_prompt_give
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     sample = rollouts.sample_rollouts
 
-    def checked_sample(model, tokenizer, prompts, n, params, *, progress=True, prompt_ids=None):
+    def checked_sample(model, tokenizer, prompts, n, params, *, progress=True, prompt_ids=None, should_stop=None):
         events.append(("sample", ""))
         assert prompt_ids == render_prompt_ids(tokenizer.inner, prompts)
         given = sample(model, tokenizer, prompts, n, params, progress=progress, prompt_ids=prompt_ids)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from extensions.modeling import prepare_tokenizer
-from extensions.sampling import (SamplingParams, render_prompt_ids, sample_completions, sample_rollouts,
-                                 sample_token_ids)
+from extensions.sampling import (SamplingParams, SamplingStopped, render_prompt_ids, sample_completions,
+                                 sample_rollouts, sample_token_ids)
 from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer
 
 
@@ -86,3 +86,44 @@ def test_bad_arguments_are_rejected(tiny):
     with pytest.raises(ValueError, match="2 rendered prompts for 3 prompts"):
         sample_rollouts(model, tokenizer, PROMPTS, 1, SamplingParams(),
                         prompt_ids=render_prompt_ids(tokenizer, PROMPTS[:2]))
+
+
+def test_a_stop_between_decode_steps_keeps_the_finished_batches(tiny):
+    """A Ctrl-C lands in the middle of a batch: sampling returns at the next decode step, not after
+    max_new_tokens, and what earlier batches finished is handed back."""
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3, batch_size=2)
+    asked = []
+
+    def stop_in_second_batch() -> bool:
+        asked.append(1)
+        return len(asked) > params.max_new_tokens + 5  # the first batch runs all its steps
+
+    prompt_ids = render_prompt_ids(tokenizer, PROMPTS)
+    with pytest.raises(SamplingStopped) as stopped:
+        sample_token_ids(model, prompt_ids, 1, params, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[],
+                         progress=False, stop_at_eos=False, should_stop=stop_in_second_batch)
+    assert len(asked) == params.max_new_tokens + 6  # asked once per step; stopped at the first True
+    partial = stopped.value.partial
+    finished = [per_prompt[0] for per_prompt in partial if per_prompt[0] is not None]
+    assert len(finished) == 2 and all(len(tokens) == params.max_new_tokens for tokens in finished)
+    assert sum(per_prompt[0] is None for per_prompt in partial) == 1
+    # The finished rows are what an uninterrupted run gives them.
+    whole = sample_token_ids(model, prompt_ids, 1, params, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[],
+                             progress=False, stop_at_eos=False)
+    assert [w for w, p in zip(whole, partial) if p[0] is not None] == [p for p in partial if p[0] is not None]
+
+    with pytest.raises(SamplingStopped) as rollout_stop:
+        sample_rollouts(model, tokenizer, PROMPTS, 1, params, progress=False, should_stop=lambda: True)
+    assert rollout_stop.value.partial == [[None], [None], [None]]
+
+
+def test_the_bar_shows_tokens_and_tokens_per_second(tiny, capsys):
+    model, tokenizer = tiny
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=3, batch_size=3)
+    prompt_ids = render_prompt_ids(tokenizer, PROMPTS)
+    sample_token_ids(model, prompt_ids, 2, params, pad_token_id=tokenizer.pad_token_id, eos_token_ids=[],
+                     progress=True, stop_at_eos=False)
+    err = capsys.readouterr().err
+    # 6 sequences x 20 tokens, none ended early: the last refresh counts every token.
+    assert "6/6" in err and "120 tok" in err and "tok/s" in err

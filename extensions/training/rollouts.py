@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..paths import RunPaths
 from ..prompt_builder import PromptBuilder
-from ..sampling import SamplingParams, render_prompt_ids, sample_rollouts
+from ..sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
 from ..verify.result import VerifyResult
 from .candidates import CandidateLog, sample_record, verdict_record
 from .distributed import Dist
@@ -78,6 +78,11 @@ class RoundContext:
 
     def messages(self, task: dict) -> list[dict[str, str]]:
         return self.prompts.messages(task["code"], task["task_id"])
+
+    def stop_requested(self) -> bool:
+        """This process was asked to stop (no collective: asked between decode steps). The ranks
+        agree at the next ``check_signal``, which every rank reaches after its chunk."""
+        return self.save_signal is not None and self.save_signal.stop_requested()
 
 
 class StopRequested(Exception):
@@ -179,11 +184,18 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
             seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
             batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
         )
-        _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
-                                      progress=ctx.progress)
+        try:
+            _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
+                                          progress=ctx.progress, should_stop=ctx.stop_requested)
+        except SamplingStopped as stopped:
+            # A Ctrl-C between decode steps: keep what finished, then stop through the signal check.
+            rollouts = stopped.partial
         records = []
         for task, task_rollouts in zip(chunk, rollouts):
-            for i, (text, sequence) in enumerate(task_rollouts):
+            for i, rollout in enumerate(task_rollouts):
+                if rollout is None:
+                    continue
+                text, sequence = rollout
                 key = (task["task_id"], i)
                 if samples.get(key) != text:  # a verdict judges one text only
                     verdicts.pop(key, None)

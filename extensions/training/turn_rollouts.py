@@ -128,11 +128,20 @@ class RoundTrajectories:
                 seed=ctx.cfg.run.seed + 100_003 * self.round_index + 1009 * ctx.dist.rank + 50_021 * turn + chunk_index,
                 batch_size=batch, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
             )
-            _, sampled = rollouts.sample_rollouts(self.model, ctx.tokenizer, [missing[j][1] for j in chunk], 1,
-                                                  params, progress=ctx.progress,
-                                                  prompt_ids=[prompt_ids[j] for j in chunk])
+            stopped = False
+            try:
+                _, sampled = rollouts.sample_rollouts(self.model, ctx.tokenizer, [missing[j][1] for j in chunk], 1,
+                                                      params, progress=ctx.progress,
+                                                      prompt_ids=[prompt_ids[j] for j in chunk],
+                                                      should_stop=ctx.stop_requested)
+            except rollouts.SamplingStopped as stop:
+                # Keep what finished; the signal check after sampling stops the round.
+                sampled, stopped = stop.partial, True
             records = []
-            for j, ((text, sequence),) in zip(chunk, sampled):
+            for j, (rollout,) in zip(chunk, sampled):
+                if rollout is None:
+                    continue
+                text, sequence = rollout
                 key, messages = missing[j]
                 record = turn_sample_record(*key, text, sequence.token_ids, [float(x) for x in sequence.logprobs],
                                             messages, lengths[j], _rounds_left_out(self.by_owner[key[:2]], messages))
@@ -141,6 +150,8 @@ class RoundTrajectories:
                 self.stats["sampled_tokens"] += len(sequence.token_ids)
                 records.append(record)
             self.log.append(records)
+            if stopped:
+                return
 
     def verify(self, requests: list[tuple[str, str, str]]) -> list[VerifyResult]:
         if len(requests) != len(self.current):
