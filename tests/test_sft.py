@@ -177,6 +177,18 @@ def test_sft_trains_lora_only_checkpoints_and_skips_when_done(tmp_path, model_di
     assert run_sft(cfg, progress=False).status == "skipped"
 
 
+def test_validation_has_its_own_bar_and_the_stage_ends_with_a_summary(tmp_path, model_dir, capsys):
+    from extensions.training.sft import run_sft
+
+    cfg, _, _, _ = _write_run(tmp_path, model_dir, train_rows=_short_rows(8), val_rows=_short_rows(4, 50),
+                              overrides=["sft.max_steps=2", "sft.eval_every_steps=0", "sft.save_every_steps=0"])
+    assert run_sft(cfg, progress=True).status == "finished"
+    captured = capsys.readouterr()
+    assert "validation" in captured.err and "batch" in captured.err
+    summary = [line for line in captured.out.splitlines() if line.startswith("[sft] done: 2 steps")]
+    assert len(summary) == 1 and "eval loss" in summary[0] and "tokens/s" in summary[0]
+
+
 RESUME_ROWS, RESUME_VAL = _short_rows(16), _short_rows(4, 50)
 RESUME_SETTINGS = ["sft.max_steps=10", "sft.save_every_steps=3", "sft.eval_every_steps=4", "sft.keep_last_checkpoints=2"]
 

@@ -173,12 +173,12 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
             if state.step % max(1, sft.log_every_steps) == 0 or state.step == total_steps:
                 metrics.log(state.step, {**stats, "epoch": state.step / plan.steps_per_epoch})
             if sft.eval_every_steps > 0 and state.step % sft.eval_every_steps == 0 and state.step < total_steps:
-                _evaluate(trainer, val_examples, state, metrics)
+                _evaluate(trainer, val_examples, state, metrics, progress=progress and dist.is_main)
             if sft.save_every_steps > 0 and state.step % sft.save_every_steps == 0 and state.step < total_steps:
                 save(paths.sft_checkpoint(state.step))
                 if dist.is_main:
                     checkpoints.prune(paths.stage_dir("sft"), sft.keep_last_checkpoints)
-        _evaluate(trainer, val_examples, state, metrics)
+        _evaluate(trainer, val_examples, state, metrics, progress=progress and dist.is_main)
         save(final_dir, tokenizer=tokenizer, final_eval_loss=state.last_eval_loss)
     finally:
         bar.close()
@@ -203,11 +203,12 @@ def stage_summary(steps: int, steps_here: int, tokens: int, tokens_here: int, tr
     return f"done: {steps} steps{resumed}, {tokens:,} tokens, {losses}, {minutes}m{rest:02d}s{rate}"
 
 
-def _evaluate(trainer: AdapterTrainer, val_examples, state: train_state.TrainerState, metrics: MetricsLogger) -> None:
+def _evaluate(trainer: AdapterTrainer, val_examples, state: train_state.TrainerState, metrics: MetricsLogger, *,
+              progress: bool = False) -> None:
     if not val_examples:
         return
     started = time.perf_counter()
-    loss = trainer.evaluate(val_examples)
+    loss = trainer.evaluate(val_examples, progress=progress)
     state.last_eval_loss = loss
     state.history.append({"step": state.step, "eval_loss": loss})
     metrics.log(state.step, {"eval_loss": loss, "eval_seconds": time.perf_counter() - started}, kind="eval")

@@ -204,7 +204,8 @@ class AdapterTrainer:
         self.model.eval()
         loss_sum, targets = 0.0, 0
         with torch.no_grad():
-            for micro in tqdm(mine, desc="eval", disable=not progress):
+            # leave=False: the validation bar appears under the training bar and goes when it ends.
+            for micro in tqdm(mine, desc="validation", unit="batch", leave=False, disable=not progress):
                 batch = collate(micro, examples, pad_token_id=self.pad_token_id, packed=packed,
                             pad_to_multiple_of=None if packed else self.settings.pad_to_multiple_of)
                 loss_sum += float(self._forward_loss_sum(batch, synced=False))
