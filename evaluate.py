@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="verification device (default: verifier.device)")
     parser.add_argument("--export-kernelbench", dest="export_kernelbench", metavar="DIR",
                         help="also write the generations as a KernelBench run folder (for its eval scripts)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (log files, CI)")
     parser.add_argument("--base", help="--compare: base model (default: model.name_or_path)")
     parser.add_argument("--sft", help="--compare: SFT checkpoint (default: checkpoints/sft/final)")
     parser.add_argument("--rl", help="--compare: RL checkpoint (default: checkpoints/rl/final)")

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from . import models
 
@@ -73,6 +73,67 @@ def resolve_model_location(name_or_path: str) -> str:
     return name_or_path  # a hub id
 
 
+class ModelUnavailable(FileNotFoundError):
+    """A hub model that is neither cached nor downloadable now (offline, unreachable, no such id)."""
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE) or any(str(v).strip().lower() in ("1", "true", "yes", "on") for v in flags if v)
+
+
+def _cached_on_disk(repo_id: str, filenames: Sequence[str]) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in filenames)
+
+
+def ensure_hub_model_available(model_cfg, *, probe_timeout_s: float = 10.0) -> None:
+    """Fail at once, in one line, when a hub model cannot be loaded.
+
+    A hub id that is not cached makes transformers retry the hub for about 50 s and then raise a
+    long OSError; a typo in the id ends the same way. A cached model, a local directory, ``pkg:`` and
+    ``fetch:`` models pass without a request. Otherwise one metadata request (no retries) tells an
+    unknown or gated id from an unreachable hub; with HF_HUB_OFFLINE set there is no request.
+    """
+    name = model_cfg.name_or_path
+    if name.startswith((models.PREFIX, "pkg:")) or os.path.exists(resolve_model_location(name)):
+        return
+    filenames = [model_cfg.gguf_file] if model_cfg.gguf_file else ["config.json", "tokenizer_config.json"]
+    if _cached_on_disk(name, filenames):
+        return
+    if _hub_offline():
+        raise ModelUnavailable(
+            f"model {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: download it "
+            f"where the hub is reachable (hf download {name}) or set model.name_or_path to a local directory")
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    try:
+        HfApi(endpoint=endpoint).model_info(name, timeout=probe_timeout_s)
+    except GatedRepoError:
+        raise ModelUnavailable(f"model {name!r} is gated on the hub: accept its terms and log in "
+                               "(huggingface-cli login or HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise ModelUnavailable(f"model {name!r} is not on the hub at {endpoint} (a typo in the id? a private model "
+                               "needs HF_TOKEN) and not in the local cache") from None
+    except HfHubHTTPError as exc:
+        raise ModelUnavailable(f"model {name!r}: the hub at {endpoint} answered {_first_line(exc)}") from None
+    except Exception as exc:  # connection refused, DNS, timeout: whatever the HTTP client raises
+        raise ModelUnavailable(
+            f"model {name!r} is not in the local Hugging Face cache and the hub at {endpoint} cannot be reached "
+            f"({type(exc).__name__}: {_first_line(exc)}); download it first or set model.name_or_path to a local "
+            "directory") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def resolve_gguf_file(model_cfg) -> Optional[str]:
     """The GGUF file to load: the configured one, else the verified file of a ``fetch:`` model."""
     if model_cfg.gguf_file or not model_cfg.name_or_path.startswith(models.PREFIX):
@@ -105,6 +166,7 @@ def load_tokenizer(model_cfg):
     """Tokenizer with a chat template, a pad token and left padding."""
     from transformers import AutoTokenizer
 
+    ensure_hub_model_available(model_cfg)
     location = resolve_model_location(model_cfg.name_or_path)
     kwargs: dict[str, Any] = {"trust_remote_code": model_cfg.trust_remote_code}
     gguf_file = resolve_gguf_file(model_cfg)
@@ -160,6 +222,7 @@ def load_base_model(model_cfg, *, device: Optional[str] = None, for_training: bo
 
     device = resolve_device(device)
     dtype = resolve_dtype(model_cfg, device)
+    ensure_hub_model_available(model_cfg)
     location = resolve_model_location(model_cfg.name_or_path)
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": model_cfg.trust_remote_code}
     gguf_file = resolve_gguf_file(model_cfg)

@@ -110,3 +110,24 @@ def test_smoke_gguf_tokenizer_loads_from_the_installed_package():
     assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>assistant" in text
+
+
+def test_a_cached_hub_model_passes_offline_and_an_uncached_one_fails_in_one_line(tmp_path, monkeypatch):
+    """Offline, a model in the Hugging Face cache loads as before; one that is not fails at once."""
+    import huggingface_hub.constants as hub_constants
+
+    from extensions.modeling import ModelUnavailable, ensure_hub_model_available
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ensure_hub_model_available(ModelConfig(name_or_path="org/cached", gguf_file=None))
+    with pytest.raises(ModelUnavailable, match="'org/missing' is not in the local Hugging Face cache and HF_HUB_OFFLINE"):
+        ensure_hub_model_available(ModelConfig(name_or_path="org/missing", gguf_file=None))
+    # A GGUF repository is cached when its GGUF file is.
+    with pytest.raises(ModelUnavailable):
+        ensure_hub_model_available(ModelConfig(name_or_path="org/cached", gguf_file="model-q8.gguf"))

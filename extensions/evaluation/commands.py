@@ -7,7 +7,9 @@
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -239,7 +241,7 @@ def run_single_model(args, cfg) -> int:
     name = args.name or report_name(args.model_path)
     reason = missing_model_reason(args.model_path, must_be_local=False)
     if reason:
-        print(f"error: model skipped: {reason}")
+        print(f"error: model skipped: {reason}", file=sys.stderr)
         return EXIT_SKIPPED
     tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
@@ -247,12 +249,13 @@ def run_single_model(args, cfg) -> int:
     try:
         report, path = evaluate_model(cfg, name=name, model_path=args.model_path, tasks=tasks, tasks_file=tasks_file,
                                       task_issues=issues, outputs=outputs, settings=settings, device=args.device,
-                                      turns=turns, prompts=prompts)
+                                      turns=turns, prompts=prompts, progress=_progress(args))
     except VerificationError:
         raise  # exit status 1, handled in run_command
     except MODEL_FAILURES as exc:
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}")
+        print(f"error: model skipped: could not load or sample {args.model_path}: {type(exc).__name__}: {first_line}",
+              file=sys.stderr)
         return EXIT_SKIPPED
     summarize(report, path)
     export_complete = (export_generations(args, read_generations(outputs.generations(name)), tasks)
@@ -272,7 +275,8 @@ def run_from_generations(args, cfg) -> int:
         raise InputError(f"{args.from_generations}: no generation rows"
                          + (f" ({len(generations.issues)} bad lines)" if generations.issues else ""))
     device = resolve_device(args.device, cfg.verifier)
-    outcome = verify_generations(tasks, generations, cfg.verifier, device, every_task_expected=False)
+    outcome = verify_generations(tasks, generations, cfg.verifier, device, every_task_expected=False,
+                                 progress=_progress(args))
     report = build_report(
         name=args.name, model_path=(generations.header or {}).get("model_path"), tasks_file=tasks_file,
         generations_file=Path(args.from_generations), generations_header=generations.header, device=device,
@@ -339,7 +343,8 @@ def run_compare(args, cfg) -> int:
             try:
                 report, path = evaluate_model(cfg, name=name, model_path=model_path, tasks=tasks,
                                               tasks_file=tasks_file, task_issues=issues, outputs=outputs,
-                                              settings=settings, device=args.device, turns=turns)
+                                              settings=settings, device=args.device, turns=turns,
+                                              progress=_progress(args))
             except (VerificationError, *MODEL_FAILURES) as exc:
                 reason = f"evaluation failed: {type(exc).__name__}: {exc}"
             else:
@@ -366,6 +371,19 @@ def turns_requested(args, cfg) -> int:
     if turns < 1:
         raise UsageError(f"--turns (eval.turns) must be at least 1, got {turns}")
     return turns
+
+
+def _progress(args) -> bool:
+    return not getattr(args, "no_progress", False)
+
+
+def ensure_output_dir_writable(directory: Path) -> None:
+    """Create ``directory`` and write a probe into it, so an unwritable --output_dir fails before any
+    model loads or candidate is verified (the OSError becomes exit status 74, one line)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".write-probe-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
 
 
 def run_command(args) -> int:
@@ -396,14 +414,16 @@ def run_command(args) -> int:
         cfg = start_config(args, "evaluate")
         if args.output_dir is None:
             lock_run(RunPaths.from_config(cfg))
+        elif not getattr(args, "print_config", False):
+            ensure_output_dir_writable(Path(args.output_dir).expanduser().resolve())
         if args.compare:
             return run_compare(args, cfg)
         if args.from_generations:
             return run_from_generations(args, cfg)
         return run_single_model(args, cfg)
     except (UsageError, InputError) as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except VerificationError as exc:
-        print(f"error: {exc}; saved generations are kept and a re-run reuses them")
+        print(f"error: {exc}; saved generations are kept and a re-run reuses them", file=sys.stderr)
         return EXIT_VERIFIER_FAILED
