@@ -108,3 +108,16 @@ def test_table_output():
     assert table[0].split() == ["candidate", "correct", "stage", "reward", "speedup", "flags", "error"]
     assert table[1].split()[:5] == ["a.py", "yes", "full", "0.70", "-"]
     assert "torch_compute" in table[2] and table[2].endswith("tiny: output: shape (2,) != expected (3,)")
+
+
+def test_the_config_it_used_is_named_on_stderr(project_root, tmp_path):
+    """Stdout stays the verdicts alone; stderr says which config judged them (configs/default.yaml
+    on every machine unless --config or --smoke says otherwise)."""
+    candidate = tmp_path / "c.py"
+    candidate.write_text("")
+    done = run_cli(project_root, "--problem", str(tmp_path / "nope.py"), "--candidate", str(candidate),
+                   "--device", "cpu", "--json", timeout=120)
+    assert "verify: config " in done.stderr and "default.yaml" in done.stderr and done.stdout == ""
+    smoke = run_cli(project_root, "--problem", str(tmp_path / "nope.py"), "--candidate", str(candidate),
+                    "--device", "cpu", "--smoke", timeout=120)
+    assert "smoke.yaml" in smoke.stderr and "unrecognized arguments" not in smoke.stderr

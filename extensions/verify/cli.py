@@ -57,12 +57,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .api import VerifierError, VerifyRequest, verify_batch
     from .result import VerifyResult
 
-    args = build_parser().parse_args(argv)
+    from ..config import parse_flags
+
+    args = parse_flags(build_parser(), argv)
     try:
-        config = config_from_args(args).verifier
+        cfg = config_from_args(args)
     except ConfigError as exc:
         print(f"verify: config error: {exc}", file=sys.stderr)
         return 2
+    config = cfg.verifier
+    # Stderr only: stdout carries the verdicts (one JSON object per line with --json).
+    why = "" if (args.config or args.smoke) else " (the verifier's checks do not depend on the machine; --config or --smoke picks another)"
+    print(f"verify: config {cfg.source}{why}", file=sys.stderr, flush=True)
     if args.timeout is not None:
         config.timeout_s = args.timeout
     if args.workers is not None:
