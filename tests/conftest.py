@@ -29,6 +29,10 @@ if "KERNEL_RL_VERIFY_CACHE" not in os.environ:
 
     os.environ["KERNEL_RL_VERIFY_CACHE"] = str(Path(tempfile.mkdtemp(prefix="kernel-rl-tests-")) / "verified_pairs.jsonl")
 
+# Tests talk to loopback only: a hub model id that is not cached fails at once instead of asking
+# huggingface.co (the tests that exercise the hub path point HF_ENDPOINT at 127.0.0.1 themselves).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # Without a GPU, Triton kernels run in the interpreter; on a GPU machine they compile for real.
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

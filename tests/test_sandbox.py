@@ -314,6 +314,14 @@ def test_bwrap_works_from_a_virtualenv_under_tmp(tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                    check=True, timeout=120)
+    # --system-site-packages reaches the base installation, not the environment these tests run in
+    # (a user's own virtualenv holding torch): hand the new one this environment's site directories.
+    import site
+
+    running = [p for p in [*site.getsitepackages(), *sys.path] if p and os.path.isabs(p)
+               and ("site-packages" in p or "dist-packages" in p)]
+    nested_site = next((venv / "lib").glob("python*/site-packages"))
+    (nested_site / "running_environment.pth").write_text("\n".join(dict.fromkeys(running)) + "\n")
     problem = tmp_path_factory.mktemp("files") / "problem.py"
     problem.write_text(PROBLEM)
     cand = problem.with_name("cand.py")

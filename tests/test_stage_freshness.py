@@ -200,6 +200,9 @@ def test_force_keeps_earlier_results_until_the_new_run_has_a_checkpoint(tmp_path
     typo = train(config, "--stage", "sft", "--force", "--set", f"model.name_or_path={model_dir}-typo")
     assert typo.returncode != 0
     assert _snapshot(checkpoints_dir) == before
+    hub_typo = train(config, "--stage", "sft", "--force", "--set", "model.name_or_path=Qwen/Qwen2.5-Coder-0.5B-Instruc")
+    assert hub_typo.returncode == 2 and "Traceback" not in hub_typo.stderr, hub_typo.stderr[-2000:]
+    assert _snapshot(checkpoints_dir) == before
 
     # RL's earlier rounds: a forced start without its tasks file touches none of them.
     fake_round = paths.rl_round(1)
