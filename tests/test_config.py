@@ -67,6 +67,31 @@ def test_nested_sections_and_cli_overrides(project_root):
         config_from_args(parser.parse_args(["--set", "rl.num_rounds=2.5"]))
 
 
+def test_push_to_hub_needs_an_owner_name_repository(tmp_path, project_root):
+    smoke = project_root / "configs" / "smoke.yaml"
+    assert load_config(smoke).checkpoint.push_to_hub is False and load_config(smoke).checkpoint.hub_private is True
+    with pytest.raises(ConfigError, match=r"checkpoint.push_to_hub is true but checkpoint.hub_model_id is not set"):
+        load_config(smoke, ["checkpoint.push_to_hub=true"])
+    path = tmp_path / "push.yaml"
+    path.write_text("checkpoint:\n  push_to_hub: true\n  hub_model_id: just-a-name\n")
+    with pytest.raises(ConfigError, match=r"checkpoint.hub_model_id: 'just-a-name' is not a hub repository id; "
+                                          r"give it as owner/name"):
+        load_config(path)
+    cfg = load_config(path, ["checkpoint.hub_model_id=alice/qwen-triton", "checkpoint.hub_private=false"])
+    assert cfg.checkpoint.hub_model_id == "alice/qwen-triton" and not cfg.checkpoint.hub_private
+    # Publishing settings do not decide a result: the fingerprints stay those of the plain config.
+    from extensions.config.fingerprint import config_fingerprint, stage_fingerprint
+
+    plain = load_config(smoke)
+    publishing = load_config(smoke, ["checkpoint.push_to_hub=true", "checkpoint.hub_model_id=alice/qwen-triton"])
+    assert config_fingerprint(publishing) == config_fingerprint(plain)
+    assert stage_fingerprint(publishing, "rl") == stage_fingerprint(plain, "rl")
+    started = _run_script(project_root, "train_integrated.py", "--smoke", "--set", "checkpoint.push_to_hub=true")
+    assert started.returncode == 2 and started.stderr.strip().splitlines() == [
+        "train_integrated: config error: checkpoint.push_to_hub is true but checkpoint.hub_model_id is not set: "
+        "name the repository as owner/name, e.g. --set checkpoint.hub_model_id=alice/qwen-coder-triton-lora"]
+
+
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

@@ -10,6 +10,7 @@ with a CUDA GPU, smoke without); other tools (the verifier CLI) read configs/def
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
@@ -77,7 +78,16 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     cfg.source = str(path)
     for assignment in overrides:
         override(cfg, assignment)
+    check_sections(cfg)
     return cfg
+
+
+def check_sections(cfg: PipelineConfig) -> None:
+    """Each section's checks across its keys (``check``), once the file and the overrides are in."""
+    for f in dataclasses.fields(cfg):
+        check = getattr(getattr(cfg, f.name), "check", None)
+        if callable(check):
+            check(f.name)
 
 
 __all__ = [

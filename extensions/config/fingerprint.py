@@ -4,7 +4,7 @@ A finished stage is reused only when the keys that shaped its result are unchang
 say where things go, how often to log or save, or how fast to compute the same numbers do not count:
 
 - never: ``run.root``, ``run.run_id`` and the whole ``checkpoint`` section (S3 sync, spot
-  handling); ``model.device_map`` and ``model.attn_implementation`` (placement and kernels);
+  handling, hub publishing); ``model.device_map`` and ``model.attn_implementation`` (placement and kernels);
   ``source`` (the file name: the values count, not where they were read).
 - ``sft``: ``run.seed``, ``model``, ``lora`` and ``sft``, except ``sft.save_every_steps``,
   ``eval_every_steps``, ``keep_last_checkpoints``, ``log_every_steps`` and ``gradient_checkpointing``.

@@ -5,8 +5,14 @@ overrides what a CPU run needs. Each stage owns the fields of its own section.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Union
+
+from .loader import ConfigError
+
+# A model repository on the Hugging Face hub: owner/name, each part as the hub allows it.
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
 @dataclass
@@ -310,6 +316,21 @@ class CheckpointConfig:
     notice_deadline_s: float = 120.0  # when a notice has no parseable `time`, and for SIGTERM
     save_ack_timeout_s: float = 60.0  # longest wait for the trainer to confirm the requested save
     emergency_reserve_s: float = 30.0  # time before the deadline kept for the emergency sync
+    # Publishing (transformers' TrainingArguments names): the RL stage's final adapter is pushed to
+    # hub_model_id when the stage ends, with its model card; `python -m extensions.export
+    # --push-to-hub` pushes a merged model (docs/training.md, "Publishing to the Hugging Face hub").
+    push_to_hub: bool = False
+    hub_model_id: Optional[str] = None  # owner/name
+    hub_private: bool = True  # a repository the push creates is private
+
+    def check(self, where: str = "checkpoint") -> None:
+        """Settings that are valid one by one but not together."""
+        if self.hub_model_id is not None and not HUB_REPO_ID.match(self.hub_model_id):
+            raise ConfigError(f"{where}.hub_model_id: {self.hub_model_id!r} is not a hub repository id; "
+                              "give it as owner/name (e.g. alice/qwen-coder-triton-lora)")
+        if self.push_to_hub and not self.hub_model_id:
+            raise ConfigError(f"{where}.push_to_hub is true but {where}.hub_model_id is not set: name the "
+                              f"repository as owner/name, e.g. --set {where}.hub_model_id=alice/qwen-coder-triton-lora")
 
 
 @dataclass
