@@ -44,6 +44,10 @@ class FetchableModel:
     size: int
     sha256: str
     file_name: str  # the assembled GGUF file
+    # The model on the Hugging Face hub these weights were quantized from, and its licence (a hub
+    # licence id): what a model card names as the base of an adapter trained on them.
+    hub_id: Optional[str] = None
+    license: Optional[str] = None
 
     @property
     def requirements(self) -> list[str]:
@@ -67,6 +71,8 @@ MODELS: dict[str, FetchableModel] = {
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            license="apache-2.0",
         ),
         FetchableModel(
             name="qwen2.5-coder-1.5b",
@@ -76,6 +82,8 @@ MODELS: dict[str, FetchableModel] = {
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            license="apache-2.0",
         ),
     )
 }

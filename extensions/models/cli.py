@@ -38,7 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "list":
             for model in MODELS.values():
-                print(f"{model.name:22s} {model.size / 2**20:7.0f} MiB  {model.description}")
+                origin = f"; original {model.hub_id}" if model.hub_id else ""
+                print(f"{model.name:22s} {model.size / 2**20:7.0f} MiB  {model.description}{origin}")
             print(f"cache: {cache_root(args.cache_dir)}")
             return 0
         if args.command == "fetch":
