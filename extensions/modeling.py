@@ -68,7 +68,7 @@ def resolve_model_location(name_or_path: str) -> str:
     expanded = os.path.expanduser(name_or_path)
     if os.path.exists(expanded):
         return expanded
-    if _looks_like_local_path(name_or_path):
+    if looks_like_local_path(name_or_path):
         raise FileNotFoundError(f"model path {name_or_path!r} does not exist")
     return name_or_path  # a hub id
 
@@ -141,7 +141,8 @@ def resolve_gguf_file(model_cfg) -> Optional[str]:
     return models.resolve(model_cfg.name_or_path)[1]
 
 
-def _looks_like_local_path(name: str) -> bool:
+def looks_like_local_path(name: str) -> bool:
+    """A name that can only be a filesystem path: absolute or relative, deeper than owner/name, or a file."""
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or name.endswith((".gguf", ".safetensors"))
 
 

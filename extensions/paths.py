@@ -29,6 +29,15 @@ class RunPaths:
     def from_config(cls, cfg) -> "RunPaths":
         return cls(Path(cfg.run.root).expanduser().resolve())
 
+    @classmethod
+    def of_checkpoint(cls, directory: Path) -> "RunPaths | None":
+        """The run a checkpoint directory belongs to (``ROOT/checkpoints/<stage>/<name>``); None for
+        a directory outside that layout (a copied adapter)."""
+        stage_dir = Path(directory).expanduser().resolve().parent
+        if stage_dir.name in STAGES and stage_dir.parent.name == "checkpoints":
+            return cls(stage_dir.parent.parent)
+        return None
+
     @property
     def run_lock(self) -> Path:
         """Held by the process working on this run; outside the synced folders, so never mirrored."""
