@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .paths import checkpoint_index, replaced_stage_dir, replaced_stage_dirs
 
@@ -189,14 +189,17 @@ def prune(stage_dir: Path, keep_last: int) -> list[Path]:
     return removed
 
 
-def copy_checkpoint(source: Path, destination: Path) -> None:
-    """Copy a complete checkpoint (e.g. the last round to ``final/``) keeping completeness last."""
+def copy_checkpoint(source: Path, destination: Path, before_finalize: Callable[[Path], None] | None = None) -> None:
+    """Copy a complete checkpoint (e.g. the last round to ``final/``) keeping completeness last;
+    ``before_finalize`` may add or replace files in the copy (the manifest lists them)."""
     source, destination = Path(source), Path(destination)
     if not is_complete(source):
         raise ValueError(f"{source} is not a complete checkpoint")
     staging = destination.with_name(f".{destination.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(source, staging, ignore=shutil.ignore_patterns(MANIFEST))
+    if before_finalize is not None:
+        before_finalize(staging)
     shutil.rmtree(destination, ignore_errors=True)
     os.replace(staging, destination)
     finalize(destination)

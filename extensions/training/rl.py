@@ -7,7 +7,7 @@ the policy samples ``samples_per_task`` completions per task, keeping each token
 reward_weighted). With ``rl.max_turns`` > 1 each sample is a trajectory that refines its kernel on
 the verifier's feedback (``turn_rollouts``); each turn trains on its discounted return
 R_t = s_t + ``rl.gamma`` * R_{t+1}. The round ends in a complete ``round-NNN`` checkpoint (adapter, optimizer,
-objective state, curriculum state, round metrics); the last one is copied to ``rl/final``.
+objective state, curriculum state, round metrics); the last one is copied to ``rl/final`` with the model card.
 
 Under data parallelism each rank samples and verifies its share of the round's tasks (on its own
 GPU), results are gathered, and the update is data-parallel. Sampled responses (with their token
@@ -41,7 +41,7 @@ from .rewards import RewardFn, ScoreFn, gated_user_rewards, load_reward_fn, make
 from .round_stats import multiturn_statistics, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
-from .saving import discard_replaced, file_fingerprint, save_adapter_checkpoint, set_stage_aside
+from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
 from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
 from .turn_rollouts import collect_trajectories, with_discounted_returns
@@ -185,7 +185,7 @@ def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
     if last_round_dir is None:
         raise ValueError("rl.num_rounds is 0: nothing to train")
     if dist.is_main:
-        checkpoints.copy_checkpoint(last_round_dir, final_dir)
+        checkpoints.copy_checkpoint(last_round_dir, final_dir, before_finalize=model_card_writer(paths, cfg.checkpoint))
         print(f"[rl] final adapter: {final_dir} (from {last_round_dir.name})", flush=True)
         print("[rl] " + rounds_summary(round_parts.history, time.perf_counter() - stage_started), flush=True)
     dist.barrier()

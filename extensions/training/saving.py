@@ -1,9 +1,9 @@
 """Writing adapter checkpoints that resume exactly and are complete only once finished.
 
 Order inside a checkpoint directory: adapter weights, optimizer/scheduler, trainer state, each
-rank's RNG streams, extra files, ``meta.json``; then ``checkpoints.finalize`` writes
-``manifest.json`` last. A directory left half-written by a crash has no manifest and is ignored
-(and replaced when the same step is saved again).
+rank's RNG streams, extra files, ``meta.json``, for a stage's ``final/`` the model card; then
+``checkpoints.finalize`` writes ``manifest.json`` last. A directory left half-written by a crash has
+no manifest and is ignored (and replaced when the same step is saved again).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import checkpoints
+from ..config import CheckpointConfig
 from ..modeling import model_meta
 from ..paths import RunPaths
 from ..stage_freshness import stage_inputs
@@ -32,8 +33,10 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
 def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, data: Any,
                             optimizer=None, scheduler=None, trainer_state: Optional[train_state.TrainerState] = None,
                             tokenizer=None, step: Optional[int] = None, round_index: Optional[int] = None,
-                            write_extra: Optional[Callable[[Path], None]] = None, **meta_extra: Any) -> Path:
-    """Write and finalize one checkpoint; collective (every rank calls it)."""
+                            write_extra: Optional[Callable[[Path], None]] = None,
+                            before_finalize: Optional[Callable[[Path], None]] = None, **meta_extra: Any) -> Path:
+    """Write and finalize one checkpoint; collective (every rank calls it). ``before_finalize``
+    runs on the main rank once meta.json is written: what it writes is listed in the manifest."""
     directory = Path(directory)
     if dist.is_main:
         if directory.exists():
@@ -58,10 +61,27 @@ def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, da
             step=step, round_index=round_index, model=model_meta(cfg.model), lora=dataclasses.asdict(cfg.lora),
             run_id=cfg.run.run_id, world_size=dist.world_size, **meta_extra,
         )
+        if before_finalize is not None:
+            before_finalize(directory)
         checkpoints.finalize(directory)
         print(f"[{stage}] saved complete checkpoint {directory}", flush=True)
     dist.barrier()
     return directory
+
+
+def model_card_writer(paths: RunPaths, hub: CheckpointConfig) -> Callable[[Path], None]:
+    """Writes a final adapter's model card (over PEFT's template) into a checkpoint before it is
+    finalized. A card that cannot be written leaves the template and a warning: the trained adapter
+    must be saved whatever goes wrong in its documentation."""
+    def write(directory: Path) -> None:
+        from ..export.model_card import write_model_card
+
+        try:
+            write_model_card(directory, paths=paths, repo_id=hub.hub_model_id)
+        except Exception as exc:  # noqa: BLE001
+            print(f"warning: no model card for {directory}: {type(exc).__name__}: {exc}", flush=True)
+
+    return write
 
 
 def set_stage_aside(stage: str, stage_dir: Path, dist) -> None:

@@ -3,7 +3,7 @@
 ``run_sft`` trains on ``sft_train.jsonl`` (completion-only loss; batching per ``sft.batching``),
 evaluates on ``sft_val.jsonl`` every ``eval_every_steps``, checkpoints every ``save_every_steps``
 (keeping the newest ``keep_last_checkpoints``) and whenever a ``SaveSignal`` asks, and writes the
-final adapter + tokenizer to ``checkpoints/sft/final``. A rerun resumes from the newest complete
+final adapter + tokenizer + model card to ``checkpoints/sft/final``. A rerun resumes from the newest complete
 checkpoint and reproduces the uninterrupted run's adapter.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from . import state as train_state
 from .batching import read_sft_jsonl, tokenize_examples
 from .distributed import make_dist
 from .metrics import MetricsLogger
-from .saving import discard_replaced, file_fingerprint, save_adapter_checkpoint, set_stage_aside
+from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
 from .trainer import AdapterTrainer, OptimSettings, StepPlan
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,8 @@ def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True
                 if dist.is_main:
                     checkpoints.prune(paths.stage_dir("sft"), sft.keep_last_checkpoints)
         _evaluate(trainer, val_examples, state, metrics, progress=progress and dist.is_main)
-        save(final_dir, tokenizer=tokenizer, final_eval_loss=state.last_eval_loss)
+        save(final_dir, tokenizer=tokenizer, final_eval_loss=state.last_eval_loss,
+             before_finalize=model_card_writer(paths, cfg.checkpoint))
     finally:
         bar.close()
         metrics.close()

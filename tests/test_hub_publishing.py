@@ -1,0 +1,68 @@
+"""Training's final adapters carry their model card inside a complete checkpoint. A tiny random
+Qwen2, 2 SFT steps and one RL round with the synthetic reward."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from extensions import checkpoints
+from extensions.export.model_card import CARD
+from extensions.paths import RunPaths
+from extensions.training.tiny import save_tiny_model
+
+from rl_synthetic import judge_nothing, synthetic_config, vowel_reward
+
+# The synthetic RL settings (rl_synthetic.synthetic_config), starting from a 2-step SFT adapter.
+RUN_SETTINGS = ["rl.init=sft", "rl.num_rounds=1", "sft.max_steps=2", "sft.save_every_steps=0", "sft.eval_every_steps=0",
+                "sft.per_device_batch_size=2", "sft.gradient_accumulation_steps=1", "sft.gradient_checkpointing=false",
+                "logging.report_to=[]"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A run whose SFT and RL stages finished, with a prepare report."""
+    from extensions.training.rl import run_rl
+    from extensions.training.sft import run_sft
+
+    root = tmp_path_factory.mktemp("run")
+    model_dir = save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+    cfg = synthetic_config(root, model_dir, RUN_SETTINGS)
+    paths = RunPaths.from_config(cfg)
+    rows = [{"prompt": [{"role": "user", "content": f"relu {i}"}], "completion": f"out = x * {i}"} for i in range(8)]
+    for path in (paths.sft_train, paths.sft_val):
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    paths.prepare_report.write_text(json.dumps({
+        "sources": {"kernelbook": {"source": "bundled", "read": 9, "kept": 8, "dropped": {"too_long": 1}}},
+        "outputs": {"sft_train": 8, "sft_val": 8, "rl_tasks": 4, "eval_tasks": 0},
+        "verification": {"pairs": 8, "passed": 8, "failed": 0, "devices": ["cpu"]}}))
+    assert run_sft(cfg, progress=False).status == "finished"
+    assert run_rl(cfg, progress=False, verify_fn=judge_nothing, score_fn=vowel_reward).status == "finished"
+    return {"cfg": cfg, "paths": paths, "model_dir": model_dir}
+
+
+def _card_header(directory: Path) -> dict:
+    text = (directory / CARD).read_text()
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def test_final_adapters_carry_the_card_and_stay_complete(trained_run):
+    paths = trained_run["paths"]
+    for stage, words in (("sft", "supervised fine-tuning (SFT), 2 optimizer steps on 8 pairs"),
+                         ("rl", "1 rounds of `best_of_n`")):
+        final = paths.final(stage)
+        assert checkpoints.is_complete(final, verify_hashes=True), stage
+        assert CARD in json.loads((final / checkpoints.MANIFEST).read_text())["files"]
+        text = (final / CARD).read_text()
+        assert "Model Card for Model ID" not in text and words in text, stage
+        header = _card_header(final)
+        # The tiny base is a local directory that records no hub id: named, said to be local, no path.
+        assert "base_model" not in header and header["library_name"] == "peft"
+        assert str(trained_run["model_dir"]) not in text and str(paths.root) not in text
+        assert "| kernelbook (bundled) | 9 | 8 |" in text and "No evaluation yet" in text
+    # The round checkpoints keep PEFT's template: only what leaves the run gets a card.
+    round_dir = checkpoints.newest_complete(paths.stage_dir("rl"))
+    assert "Model Card for Model ID" in (round_dir / CARD).read_text()
