@@ -1,19 +1,30 @@
-"""Training's final adapters carry their model card inside a complete checkpoint. A tiny random
-Qwen2, 2 SFT steps and one RL round with the synthetic reward."""
+"""Training's final adapters carry their model card inside a complete checkpoint, and with
+checkpoint.push_to_hub the RL stage's final adapter is pushed: to a hub stand-in on 127.0.0.1
+(tests/hub_testing.py), with every other address refused. A tiny random Qwen2, 2 SFT steps and one
+RL round with the synthetic reward."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from extensions import checkpoints
+from extensions.config import config_yaml
 from extensions.export.model_card import CARD
 from extensions.paths import RunPaths
 from extensions.training.tiny import save_tiny_model
 
+from hub_testing import FakeHub, folder_files, hub_env, loopback_only_env
 from rl_synthetic import judge_nothing, synthetic_config, vowel_reward
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+REPO = "alice/tiny-triton"
+
 
 # The synthetic RL settings (rl_synthetic.synthetic_config), starting from a 2-step SFT adapter.
 RUN_SETTINGS = ["rl.init=sft", "rl.num_rounds=1", "sft.max_steps=2", "sft.save_every_steps=0", "sft.eval_every_steps=0",
@@ -66,3 +77,51 @@ def test_final_adapters_carry_the_card_and_stay_complete(trained_run):
     # The round checkpoints keep PEFT's template: only what leaves the run gets a card.
     round_dir = checkpoints.newest_complete(paths.stage_dir("rl"))
     assert "Model Card for Model ID" in (round_dir / CARD).read_text()
+
+
+def _train(trained_run, tmp_path, hub: FakeHub) -> subprocess.CompletedProcess:
+    """train_integrated.py --stage rl on the finished run, with its own resolved config: the stage is
+    skipped as finished, then its adapter pushed."""
+    config = tmp_path / "run.yaml"
+    config.write_text(config_yaml(trained_run["cfg"]))
+    env = loopback_only_env(tmp_path / "guard", hub_env(hub, {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}))
+    command = [sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config), "--stage", "rl",
+               "--no-progress", "--set", "checkpoint.push_to_hub=true", "--set", f"checkpoint.hub_model_id={REPO}"]
+    return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_finished_rl_adapter_is_pushed_with_its_card(trained_run, tmp_path):
+    paths = trained_run["paths"]
+    final = paths.final("rl")
+    weights = checkpoints.adapter_content_hash(final)
+    # An evaluation written after training: the pushed card is brought up to date with it.
+    paths.outputs.mkdir(parents=True, exist_ok=True)
+    paths.compare_json.write_text(json.dumps({
+        "inputs": {"models": {"rl": weights}}, "model_order": ["rl"], "paired_tasks": 4,
+        "models": {"rl": {"correct_rate": 25.0, "compiled_rate": 50.0, "timing": False}}}))
+    with FakeHub() as hub:
+        result = _train(trained_run, tmp_path, hub)
+    paths.compare_json.unlink()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "skipping the stage" in result.stdout and f"[rl] pushed {final} to {REPO}" in result.stdout
+    assert hub.repos == [{"name": "tiny-triton", "organization": "alice", "visibility": "private", "type": "model"}]
+    assert hub.files[REPO] == folder_files(final)  # every file, byte for byte: adapter, tokenizer, card, manifest
+    assert hub.tokens == {"hf_test_token"} and [c["revision"] for c in hub.commits] == ["main"]
+    assert hub.validated == [(final / CARD).read_text()] and not hub.unexpected
+    card = hub.files[REPO][CARD].decode()
+    assert f'PeftModel.from_pretrained(base, "{REPO}")' in card and "| rl (this model) | 25.0 | 50.0 |" in card
+    assert checkpoints.is_complete(final, verify_hashes=True) and checkpoints.adapter_content_hash(final) == weights
+
+
+def test_refused_push_keeps_the_adapter_and_says_where_it_is(trained_run, tmp_path):
+    final = trained_run["paths"].final("rl")
+    weights = checkpoints.adapter_content_hash(final)
+    with FakeHub(refuse=401) as hub:
+        result = _train(trained_run, tmp_path, hub)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "push to hub failed" in line]
+    assert len(warnings) == 1 and "Traceback" not in result.stdout + result.stderr
+    assert warnings[0].startswith("[rl] warning: push to hub failed: HTTP 401 from ")
+    assert f"the trained adapter is at {final}" in warnings[0] and "--stage rl" in warnings[0]
+    assert checkpoints.is_complete(final, verify_hashes=True) and checkpoints.adapter_content_hash(final) == weights
+    assert not hub.files

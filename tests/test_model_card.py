@@ -168,7 +168,8 @@ def test_written_card_replaces_peft_template_before_the_manifest(tmp_path):
     checkpoints.finalize(adapter)
     assert checkpoints.is_complete(adapter, verify_hashes=True)
     text = (adapter / CARD).read_text()
-    assert "Model Card for Model ID" not in text and _front_matter(text)["base_model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert "Model Card for Model ID" not in text
+    assert _front_matter(text)["base_model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert json.loads((adapter / checkpoints.MANIFEST).read_text())["files"][CARD]["size"] == len(text.encode())
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import models
-from ..checkpoints import adapter_content_hash, atomic_write_text, read_meta
+from ..checkpoints import adapter_content_hash, atomic_write_text, finalize, is_complete, read_meta
 from ..config.sections import HUB_REPO_ID
 from ..modeling import looks_like_local_path
 from ..paths import RunPaths
@@ -364,3 +364,21 @@ def write_model_card(directory: Path, *, adapter_dir: Optional[Path] = None, pat
     text = build_model_card(adapter_dir or directory, paths=paths, repo_id=repo_id, merged_dtype=merged_dtype)
     atomic_write_text(directory / CARD, text)
     return directory / CARD
+
+
+def refresh_model_card(directory: Path, *, paths: Optional[RunPaths], repo_id: Optional[str] = None) -> bool:
+    """Bring the card of a complete checkpoint up to date before it is published (the repository it
+    goes to, an evaluation written since training) and finalize it again; True when it changed. An
+    incomplete directory is left alone."""
+    directory = Path(directory)
+    if not is_complete(directory):
+        return False
+    text = build_model_card(directory, paths=paths, repo_id=repo_id)
+    card = directory / CARD
+    if card.is_file() and card.read_text(encoding="utf-8", errors="replace") == text:
+        return False
+    # Between the new card and the new manifest the directory reads as incomplete: a process dying
+    # there leaves rl/final to be copied again from its last round, so no trained weight is lost.
+    atomic_write_text(card, text)
+    finalize(directory)
+    return True
