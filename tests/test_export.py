@@ -1,5 +1,6 @@
 """Adapter export: a LoRA checkpoint merged into its base and saved as a plain model directory that
-loads without peft and computes what base + adapter computed. Tiny random Qwen2, real files."""
+loads without peft and computes what base + adapter computed, with its model card; --push-to-hub
+uploads it to a hub stand-in on 127.0.0.1 (every other address refused). Tiny random Qwen2, real files."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from extensions import checkpoints
 from extensions.config import ModelConfig, load_config
@@ -17,6 +19,7 @@ from extensions.export import detach_gguf_quantizer
 from extensions.modeling import attach_lora, model_meta
 from extensions.training.tiny import save_tiny_model
 
+from hub_testing import FakeHub, folder_files, hub_env, loopback_only_env
 from s3_testing import PROJECT_ROOT
 
 
@@ -44,10 +47,18 @@ def trained_adapter(tmp_path_factory):
     return {"root": root, "base": base_dir, "adapter": adapter_dir, "peft_model": model}
 
 
-def export(adapter, out, *extra) -> subprocess.CompletedProcess:
+def export(adapter, out, *extra, env=None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "extensions.export", "--adapter", str(adapter), "--out", str(out), "--smoke", *extra]
     return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+                          env=env or {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+
+
+def hub_export_env(hub: FakeHub, tmp_path, **changes) -> dict:
+    """The export's environment: the hub stand-in, a token, an empty HF_HOME, loopback only."""
+    env = hub_env(hub, {**os.environ, "HF_HOME": str(tmp_path / "hf_home")})
+    env = {k: v for k, v in {**env, **changes}.items() if v is not None}
+    guarded = loopback_only_env(tmp_path / "guard", env)
+    return {**guarded, "PYTHONPATH": f"{guarded['PYTHONPATH']}:{PROJECT_ROOT}"}
 
 
 def test_merged_model_loads_without_peft_and_matches_base_plus_adapter(trained_adapter, tmp_path):
@@ -63,6 +74,12 @@ def test_merged_model_loads_without_peft_and_matches_base_plus_adapter(trained_a
     meta = json.loads((out / "meta.json").read_text())
     assert meta["stage"] == "export" and meta["adapter_stage"] == "sft" and meta["adapter_step"] == 6
     assert meta["base_model"] == str(trained_adapter["base"])
+    # The card: a merged model of a local base that records no hub id, named without its path.
+    card = (out / "README.md").read_text()
+    header = yaml.safe_load(card.split("---\n", 2)[1])
+    assert header["library_name"] == "transformers" and "base_model" not in header
+    assert "merged into its weights (float32; loads without peft)" in card and "`base`" in card
+    assert "supervised fine-tuning (SFT), 6 optimizer steps" in card and str(trained_adapter["root"]) not in card
 
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(trained_adapter["base"], dtype=torch.float32).eval()
@@ -137,3 +154,45 @@ def test_export_says_which_config_it_took(tmp_path):
     assert result.returncode == 2
     line = next(l for l in result.stderr.splitlines() if l.startswith("export: config "))
     assert "smoke.yaml" in line and "no CUDA GPU" in line and "dtype float16" in line
+
+
+def test_export_pushes_the_merged_model_with_its_card(trained_adapter, tmp_path):
+    out = tmp_path / "merged"
+    with FakeHub() as hub:
+        result = export(trained_adapter["adapter"], out, "--push_to_hub", "--hub-model-id", "alice/tiny-merged",
+                        env=hub_export_env(hub, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "pushed" in result.stdout and "alice/tiny-merged" in result.stdout
+    assert hub.repos == [{"name": "tiny-merged", "organization": "alice", "visibility": "private", "type": "model"}]
+    assert hub.files["alice/tiny-merged"] == folder_files(out) and not hub.unexpected
+    assert 'AutoModelForCausalLM.from_pretrained("alice/tiny-merged", dtype="auto")' in (out / "README.md").read_text()
+    assert checkpoints.is_complete(out, verify_hashes=True)
+
+
+def test_failed_push_is_one_error_line_and_keeps_the_merged_model(trained_adapter, tmp_path):
+    out = tmp_path / "merged"
+    with FakeHub(refuse=401) as hub:
+        refused = export(trained_adapter["adapter"], out, "--push-to-hub", "--hub_model_id", "alice/tiny-merged",
+                         env=hub_export_env(hub, tmp_path))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith("error: push to hub failed: HTTP 401 from http://127.0.0.1:")
+    assert errors[0].endswith(f"; the merged model is at {out}")
+    assert checkpoints.is_complete(out, verify_hashes=True) and not hub.files
+
+    # No token at all: said before anything is sent.
+    with FakeHub() as hub:
+        tokenless = export(trained_adapter["adapter"], out, "--force", "--push-to-hub", "--hub-model-id", "alice/x",
+                           env=hub_export_env(hub, tmp_path, HF_TOKEN=None))
+    assert tokenless.returncode == 2 and not hub.requests
+    assert [line for line in tokenless.stderr.splitlines() if line.startswith("error")] == [
+        f"error: push to hub failed: no Hugging Face token: set HF_TOKEN or run `hf auth login`; "
+        f"the merged model is at {out}"]
+    assert checkpoints.is_complete(out, verify_hashes=True)
+
+
+def test_push_without_a_repository_is_refused_before_the_merge(trained_adapter, tmp_path):
+    result = export(trained_adapter["adapter"], tmp_path / "out", "--push-to-hub")
+    assert result.returncode == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: checkpoint.push_to_hub is true but checkpoint.hub_model_id is not set")

@@ -1,4 +1,5 @@
-"""The merge itself: load base + adapter, fold the LoRA weights in, save with ``save_pretrained``."""
+"""The merge itself: load base + adapter, fold the LoRA weights in, save with ``save_pretrained``,
+write the model card."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,6 +9,8 @@ from typing import Optional
 
 from ..checkpoints import MANIFEST, finalize, is_complete, read_meta, write_meta
 from ..modeling import is_adapter_dir, load_for_inference
+from ..paths import RunPaths
+from .model_card import write_model_card
 
 
 class ExportError(RuntimeError):
@@ -57,9 +60,11 @@ def _check_adapter(adapter_dir: Path) -> dict:
 
 
 def export_merged_model(adapter_dir: Path, out_dir: Path, model_cfg, *, config_source: Optional[str] = None,
-                        device: str = "cpu", overwrite: bool = False, log=print) -> Path:
+                        device: str = "cpu", overwrite: bool = False, repo_id: Optional[str] = None,
+                        log=print) -> Path:
     """Merge ``adapter_dir`` (a complete checkpoint of this pipeline) into its base and save it to
-    ``out_dir``; written to a staging directory first, so ``out_dir`` is whole or absent."""
+    ``out_dir``; written to a staging directory first, so ``out_dir`` is whole or absent. The model
+    card names ``repo_id`` (where it will be pushed) in its loading example."""
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     adapter_meta = _check_adapter(adapter_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
@@ -87,6 +92,9 @@ def export_merged_model(adapter_dir: Path, out_dir: Path, model_cfg, *, config_s
                adapter_stage=adapter_meta.get("stage"), adapter_step=adapter_meta.get("step"),
                adapter_round=adapter_meta.get("round"), adapter_manifest_sha256=_sha256(manifest),
                gguf_file=info.gguf_file, dtype=info.dtype)
+    # The card reads the run around the adapter (prepare_report.json, compare.json) when there is one.
+    write_model_card(staging, adapter_dir=adapter_dir, paths=RunPaths.of_checkpoint(adapter_dir), repo_id=repo_id,
+                     merged_dtype=info.dtype)
     finalize(staging)
     if out_dir.exists():
         shutil.rmtree(out_dir)
