@@ -349,7 +349,7 @@ def build_model_card(adapter_dir: Path, *, paths: Optional[RunPaths], repo_id: O
         "## Files", "",
         "`meta.json` records how this model was made (the resolved config with its fingerprints, the content "
         "hashes of the data it read) and `manifest.json` the size and sha256 of every file"
-        + ("." if merged else "; the optimizer and RNG state let training continue from here."),
+        + ("." if merged else "; the optimizer and RNG state are those at the end of training."),
     ]
     front = yaml.safe_dump(header, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return f"---\n{front}---\n\n" + "\n".join(body) + "\n"
