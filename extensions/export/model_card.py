@@ -79,7 +79,7 @@ def _local_base(directory: Path, what: str) -> BaseModel:
         cached = _HUB_CACHE_PART.match(part)
         if cached:
             hub_id = f"{cached.group(1)}/{cached.group(2)}"
-            return BaseModel(hub_id, hub_id, f"The run loaded it from a local copy (the hub's download cache)",
+            return BaseModel(hub_id, hub_id, "The run loaded it from a local copy (the hub's download cache)",
                              _catalogue_license(hub_id))
     recorded = None
     try:
@@ -104,12 +104,12 @@ def base_model_for(name_or_path: str) -> BaseModel:
         name = name_or_path[len(models.PREFIX):].strip()
         entry = models.MODELS.get(name)
         if entry is None or not entry.hub_id:
-            return BaseModel(name_or_path, None, f"A fetched model whose original on the hub is not known")
+            return BaseModel(name_or_path, None, "A fetched model whose original on the hub is not known")
         return BaseModel(
             entry.hub_id, entry.hub_id,
             f"The run trained on `{name_or_path}` ({entry.description}), fetched and sha256-verified by "
             f"`python -m extensions.models fetch {name}` and dequantized on load: the adapter was fitted to "
-            f"those weights, which differ slightly from the original's", entry.license)
+            "those weights, which differ slightly from the original's", entry.license)
     if name_or_path.startswith("pkg:"):
         module = name_or_path[len("pkg:"):].strip()
         try:
@@ -183,7 +183,7 @@ def verifier_lines(report_path: Optional[Path]) -> list[str]:
     from ..data.pair_verification import verifier_digest
 
     digest = verifier_digest()
-    lines = [f"Rewards and data checks come from the project's sandboxed verifier (compile, correctness on "
+    lines = ["Rewards and data checks come from the project's sandboxed verifier (compile, correctness on "
              f"several inputs, timing on a GPU). Verifier code digest when this card was written: `{digest[:16]}` "
              "(sha256 over the verifier's and the timer's source; the data stage keys its verdicts by it)."]
     report, _ = _read_json(report_path) if report_path is not None else (None, None)
@@ -258,7 +258,7 @@ def evaluation_lines(compare_path: Optional[Path], adapter_hash: Optional[str]) 
                       "to this adapter.)"]
     columns = [(key, label) for key, label in EVAL_COLUMNS if any(key in models_in[n] for n in order)]
     tasks = comparison.get("paired_tasks")
-    lines = [f"From the run's `outputs/compare.json`: every model on the same held-out tasks"
+    lines = ["From the run's `outputs/compare.json`: every model on the same held-out tasks"
              + (f" ({tasks} tasks evaluated by all)" if tasks is not None else "")
              + "; rates are percentages of all samples.", "",
              "| model | " + " | ".join(label for _, label in columns) + " |",
