@@ -1,7 +1,8 @@
 """Publishing a folder to the Hugging Face hub: the repository created if needed, the files uploaded.
 
 ``push_folder`` uses ``huggingface_hub.HfApi``: ``create_repo(exist_ok=True)`` (private unless
-asked otherwise), then ``upload_folder`` of every file in the folder. The endpoint is
+asked otherwise), then ``upload_folder`` of the folder's files; a training checkpoint is published
+without its resume state (``TRAINING_STATE_PATTERNS``). The endpoint is
 ``$HF_ENDPOINT`` read when the push starts (the library itself reads it once, on import); the token
 is ``token``, else the library's own lookup (``$HF_TOKEN``, then the one ``hf auth login`` stored).
 Every failure, whatever its cause, is one ``HubPushError`` whose text fits on one line.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ..config import CheckpointConfig
 from ..paths import RunPaths
@@ -42,8 +43,17 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_one_line(exc)}"
 
 
-def push_folder(folder: Path, repo_id: str, private: bool, token: Optional[str] = None) -> str:
-    """Upload every file of ``folder`` to the model repository ``repo_id``; the commit's URL."""
+# What a training checkpoint holds for resuming, not for loading: optimizer and scheduler state, RNG
+# streams, curriculum and objective state, and the run's own records (meta.json and config.yaml name
+# local paths and the bucket; the manifest lists files that are not published).
+TRAINING_STATE_PATTERNS = ("optimizer.pt", "scheduler.pt", "rng_state_rank*.pt", "trainer_state.json",
+                           "curriculum.json", "objective_state.json", "meta.json", "config.yaml", "manifest.json")
+
+
+def push_folder(folder: Path, repo_id: str, private: bool, token: Optional[str] = None,
+                ignore_patterns: Sequence[str] = ()) -> str:
+    """Upload the files of ``folder`` (but those matching ``ignore_patterns``) to the model
+    repository ``repo_id``; the commit's URL."""
     folder = Path(folder)
     if not folder.is_dir():
         raise HubPushError(f"{folder} is not a directory")
@@ -56,7 +66,7 @@ def push_folder(folder: Path, repo_id: str, private: bool, token: Optional[str] 
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
         commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
-                                   commit_message=f"Upload {folder.name}")
+                                   commit_message=f"Upload {folder.name}", ignore_patterns=list(ignore_patterns) or None)
     # Any failure (HTTP status, refused connection, DNS, TLS, a Xet transfer) ends the push the same
     # way: the caller reports one line and keeps the files, so nothing escapes as a traceback.
     except Exception as exc:  # noqa: BLE001
@@ -76,7 +86,7 @@ def push_final_adapter(directory: Path, hub: CheckpointConfig, *, paths: Optiona
     except Exception as exc:  # noqa: BLE001 - the card is documentation; the push goes on with the old one
         log(f"[{stage}] warning: model card not refreshed: {type(exc).__name__}: {exc}")
     try:
-        url = push_folder(directory, hub.hub_model_id, hub.hub_private)
+        url = push_folder(directory, hub.hub_model_id, hub.hub_private, ignore_patterns=TRAINING_STATE_PATTERNS)
     except HubPushError as exc:
         log(f"[{stage}] warning: push to hub failed: {exc}; the trained adapter is at {directory} "
             f"(rerun `train_integrated.py --stage {stage}` to push it again)")
