@@ -102,11 +102,19 @@ def adapter_content_hash(directory: Path) -> str | None:
         return None
     manifest = read_manifest(directory) if is_complete(directory) else None
     if manifest is not None:
-        entries = {name: entry.get("sha256") for name, entry in manifest["files"].items()
-                   if Path(name).name.startswith(ADAPTER_WEIGHTS_PREFIX)}
-    else:
-        entries = {str(path.relative_to(directory)): sha256_file(path)
-                   for path in sorted(directory.glob(f"{ADAPTER_WEIGHTS_PREFIX}*")) if path.is_file()}
+        return manifest_adapter_hash(manifest)
+    return _adapter_digest({str(path.relative_to(directory)): sha256_file(path)
+                            for path in sorted(directory.glob(f"{ADAPTER_WEIGHTS_PREFIX}*")) if path.is_file()})
+
+
+def manifest_adapter_hash(manifest: dict) -> str | None:
+    """``adapter_content_hash`` of the complete checkpoint ``manifest`` lists, from the manifest
+    alone (a checkpoint still in S3 is named without downloading it)."""
+    return _adapter_digest({name: entry.get("sha256") for name, entry in manifest["files"].items()
+                            if Path(name).name.startswith(ADAPTER_WEIGHTS_PREFIX)})
+
+
+def _adapter_digest(entries: dict[str, str | None]) -> str | None:
     if not entries or not all(entries.values()):
         return None
     digest = hashlib.sha256()

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from . import checkpoints
 from .config.fingerprint import differences, stage_view
 from .paths import RunPaths
+from .run_files import LOCAL_FILES, RunFiles
 
 TRAINING_STAGES = ("sft", "rl")
 
@@ -47,14 +48,14 @@ def rl_start_adapter(paths: RunPaths, cfg) -> Optional[Path]:
     return None if getattr(cfg.rl, "init", "sft") == "base" else paths.final("sft")
 
 
-def stage_inputs(paths: RunPaths, cfg, stage: str) -> dict[str, Any]:
+def stage_inputs(paths: RunPaths, cfg, stage: str, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
     """Content hashes of what ``stage`` reads, as stored in meta.json's ``inputs``."""
     if stage == "sft":
-        return {"sft_train.jsonl": file_sha256(paths.sft_train), "sft_val.jsonl": file_sha256(paths.sft_val)}
+        return {"sft_train.jsonl": files.sha256(paths.sft_train), "sft_val.jsonl": files.sha256(paths.sft_val)}
     if stage == "rl":
         start = rl_start_adapter(paths, cfg)
-        return {"rl_tasks.jsonl": file_sha256(paths.rl_tasks),
-                "start_adapter": "base" if start is None else checkpoints.adapter_content_hash(start)}
+        return {"rl_tasks.jsonl": files.sha256(paths.rl_tasks),
+                "start_adapter": "base" if start is None else files.adapter_hash(start)}
     raise ValueError(f"no inputs recorded for stage {stage!r}")
 
 
@@ -70,6 +71,7 @@ class Freshness:
     checkpoint: Optional[Path]  # the result judged (final/ if complete, else the newest checkpoint)
     finished: bool  # checkpoint is the stage's complete final/
     changes: list[str] = field(default_factory=list)  # "key: old -> new"
+    in_s3: bool = False  # judged as a restore from S3 will bring it (a dry run downloads nothing)
 
     @property
     def stale(self) -> bool:
@@ -77,7 +79,8 @@ class Freshness:
 
     def message(self, force_hint: str = "--force") -> str:
         what = "finished result" if self.finished else "newest checkpoint"
-        lines = [f"{self.stage}: the {what} {self.checkpoint} was made with other settings than this run's:"]
+        where = " (in S3; the restore brings it here)" if self.in_s3 else ""
+        lines = [f"{self.stage}: the {what} {self.checkpoint}{where} was made with other settings than this run's:"]
         lines += [f"  {change}" for change in self.changes]
         config_copy = self.checkpoint / checkpoints.CONFIG_COPY if self.checkpoint else None
         old = (f"--config {config_copy}" if config_copy is not None and config_copy.is_file()
@@ -86,11 +89,12 @@ class Freshness:
         return "\n".join(lines)
 
 
-def checkpoint_changes(directory: Path, cfg, paths: RunPaths, stage: str, *, finished: bool = True) -> list[str]:
+def checkpoint_changes(directory: Path, cfg, paths: RunPaths, stage: str, *, finished: bool = True,
+                       files: RunFiles = LOCAL_FILES) -> list[str]:
     """What differs between the config and inputs recorded in ``directory`` and the current ones
     (``finished``: judged as the stage's result, else as a checkpoint to continue from)."""
     try:
-        meta = checkpoints.read_meta(directory)
+        meta = files.read_meta(directory)
     except (OSError, ValueError) as exc:
         return [f"meta.json: unreadable ({exc})"]
     recorded = meta.get("config")
@@ -99,22 +103,24 @@ def checkpoint_changes(directory: Path, cfg, paths: RunPaths, stage: str, *, fin
     changes = [f"{key}: {old!r} -> {new!r}"
                for key, old, new in differences(stage_view(recorded, stage, continuing=not finished),
                                                 stage_view(cfg, stage, continuing=not finished))]
-    old_inputs, new_inputs = meta.get("inputs") or {}, stage_inputs(paths, cfg, stage)
+    old_inputs, new_inputs = meta.get("inputs") or {}, stage_inputs(paths, cfg, stage, files)
     for name in sorted(new_inputs):
         if old_inputs.get(name) != new_inputs[name]:
             changes.append(f"input {name}: {_short(old_inputs.get(name))} -> {_short(new_inputs[name])}")
     return changes
 
 
-def stage_freshness(paths: RunPaths, cfg, stage: str) -> Freshness:
+def stage_freshness(paths: RunPaths, cfg, stage: str, files: RunFiles = LOCAL_FILES) -> Freshness:
     """Judge the stage's complete final/ (or, before it finished, its newest complete checkpoint)."""
     final = paths.final(stage)
-    if checkpoints.is_complete(final):
-        return Freshness(stage, final, True, checkpoint_changes(final, cfg, paths, stage))
-    newest = checkpoints.newest_complete(paths.stage_dir(stage))
+    if files.is_complete(final):
+        return Freshness(stage, final, True, checkpoint_changes(final, cfg, paths, stage, files=files),
+                         in_s3=files.from_s3(final))
+    newest = files.newest_complete(paths.stage_dir(stage))
     if newest is None:
         return Freshness(stage, None, False)
-    return Freshness(stage, newest, False, checkpoint_changes(newest, cfg, paths, stage, finished=False))
+    return Freshness(stage, newest, False, checkpoint_changes(newest, cfg, paths, stage, finished=False, files=files),
+                     in_s3=files.from_s3(newest))
 
 
 def require_fresh(paths: RunPaths, cfg, stage: str, force_hint: str = "--force") -> Freshness:

@@ -8,6 +8,10 @@ prepare_data.py would), evaluation's comparison names the adapters and eval sett
 runs again, reusing generations by adapter content), and a training stage whose result was made
 with other settings is *stale* (``extensions.stage_freshness``): the run stops unless forced.
 run_pipeline.sh and resume_training.py both ask this module, so "done" means the same thing to both.
+
+The files are read through a RunFiles view (``extensions.run_files``): this disk, or, for
+``resume_training.py --dry-run --bucket``, the disk as the restore from S3 will leave it; then each
+done stage also says whether its output is here already or comes with the restore.
 """
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..checkpoints import is_complete, newest_complete, read_meta
 from ..paths import RunPaths
+from ..run_files import LOCAL_FILES, NotKnownBeforeRestore, RunFiles
 from ..stage_freshness import Freshness, StaleResultError, stage_freshness
 
 STAGE_ORDER = ("prepare", "sft", "rl", "eval")
@@ -37,6 +41,8 @@ class RunState:
     newest_sft: Optional[Path] = None
     newest_rl: Optional[Path] = None
     stale: dict[str, Freshness] = field(default_factory=dict)  # training stages made with other settings
+    restored: set[str] = field(default_factory=set)  # done stages whose output the restore from S3 brings
+    unchecked: dict[str, str] = field(default_factory=dict)  # stage -> why its fit is judged after the restore
 
     def done(self, stage: str) -> bool:
         return {"prepare": self.prepared, "sft": self.sft_done, "rl": self.rl_done, "eval": self.evaluated}[stage]
@@ -55,53 +61,79 @@ def prepared_files(paths: RunPaths) -> list[Path]:
             paths.rl_tasks, paths.eval_tasks]
 
 
-def _prepare_up_to_date(paths: RunPaths, cfg) -> bool:
+def stage_outputs(paths: RunPaths) -> dict[str, list[Path]]:
+    """What each stage leaves behind when it is done."""
+    return {"prepare": prepared_files(paths), "sft": [paths.final("sft")], "rl": [paths.final("rl")],
+            "eval": [paths.compare_json]}
+
+
+def _prepare_up_to_date(paths: RunPaths, cfg, files: RunFiles) -> bool:
     from ..data.pipeline import input_fingerprint, is_up_to_date
     from ..data.sources import SourceError
 
     try:
-        return is_up_to_date(paths.processed, input_fingerprint(cfg.data, cfg.prompt))
+        return is_up_to_date(paths.processed, input_fingerprint(cfg.data, cfg.prompt), files)
     except (SourceError, OSError, ValueError):
         return False  # a source that cannot be read: prepare runs and reports why
 
 
-def _comparison_current(paths: RunPaths, cfg) -> bool:
+def _comparison_current(paths: RunPaths, cfg, files: RunFiles) -> bool:
     from ..evaluation.commands import comparison_inputs
 
     try:
-        recorded = json.loads(paths.compare_json.read_text()).get("inputs")
+        recorded = json.loads(files.read_text(paths.compare_json)).get("inputs")
     except (OSError, ValueError, AttributeError):
         return False
-    return recorded == comparison_inputs(cfg, paths)
+    return recorded == comparison_inputs(cfg, paths, files)
 
 
-def read_run_state(paths: RunPaths, cfg=None, force: bool = False) -> RunState:
+def _judged(state: RunState, stage: str, check) -> bool:
+    """``check()``; where only the restore can tell, the stage counts as fitting, as the listing
+    suggests, and the plan says that the real run judges it after restoring."""
+    try:
+        return check()
+    except NotKnownBeforeRestore as exc:
+        state.unchecked[stage] = str(exc)
+        return True
+
+
+def read_run_state(paths: RunPaths, cfg=None, force: bool = False, files: RunFiles = LOCAL_FILES) -> RunState:
     """Stage status from the files; with ``cfg``, results made with other settings are not done.
 
     A stale training stage raises StaleResultError (the message names what differs), unless
     ``force``: then it is listed in ``stale`` and counts as not done.
     """
-    missing = [p.name for p in prepared_files(paths) if not p.is_file()]
+    missing = [p.name for p in prepared_files(paths) if not files.is_file(p)]
     state = RunState(
         root=paths.root,
         prepared=not missing,
-        sft_done=is_complete(paths.final("sft")),
-        rl_done=is_complete(paths.final("rl")),
-        evaluated=paths.compare_json.is_file(),
+        sft_done=files.is_complete(paths.final("sft")),
+        rl_done=files.is_complete(paths.final("rl")),
+        evaluated=files.is_file(paths.compare_json),
         missing_data=missing,
-        newest_sft=newest_complete(paths.stage_dir("sft")),
-        newest_rl=newest_complete(paths.stage_dir("rl")),
+        newest_sft=files.newest_complete(paths.stage_dir("sft")),
+        newest_rl=files.newest_complete(paths.stage_dir("rl")),
     )
-    if cfg is None:
-        return state
-    state.prepared = state.prepared and _prepare_up_to_date(paths, cfg)
+    if cfg is not None:
+        _judge_against_config(state, paths, cfg, force, files)
+    state.restored = {stage for stage, outputs in stage_outputs(paths).items()
+                      if state.done(stage) and any(files.from_s3(path) for path in outputs)}
+    return state
+
+
+def _judge_against_config(state: RunState, paths: RunPaths, cfg, force: bool, files: RunFiles) -> None:
+    state.prepared = state.prepared and _judged(state, "prepare", lambda: _prepare_up_to_date(paths, cfg, files))
     for stage in ("sft", "rl"):
         if not state.prepared and stage == "sft":
             continue  # the data is rebuilt first; the training stages are judged on it afterwards
         if stage == "rl" and "sft" in state.stale:
             state.stale["rl"] = Freshness("rl", paths.final("rl"), True, ["input sft adapter: retrained first"])
             continue
-        freshness = stage_freshness(paths, cfg, stage)
+        try:
+            freshness = stage_freshness(paths, cfg, stage, files)
+        except NotKnownBeforeRestore as exc:
+            state.unchecked[stage] = str(exc)
+            continue
         if freshness.stale:
             if not force:
                 raise StaleResultError(freshness.message("--force"))
@@ -112,8 +144,8 @@ def read_run_state(paths: RunPaths, cfg=None, force: bool = False) -> RunState:
         state.newest_rl = None
     state.sft_done = state.sft_done and "sft" not in state.stale
     state.rl_done = state.rl_done and "rl" not in state.stale and state.sft_done
-    state.evaluated = state.evaluated and state.rl_done and _comparison_current(paths, cfg)
-    return state
+    state.evaluated = state.evaluated and state.rl_done and _judged(
+        state, "eval", lambda: _comparison_current(paths, cfg, files))
 
 
 LAUNCHER_ENV = "KERNEL_RL_TRAIN_LAUNCHER"
@@ -179,28 +211,45 @@ class ResumePlan:
     commands: list[list[str]]
     resume_from: Optional[Path]  # the checkpoint the first training stage continues from
     position: str  # "SFT step 40", "RL round 3", ...
+    resume_from_s3: bool = False  # resume_from is a checkpoint the restore brings
+
+    def stage_lines(self) -> list[str]:
+        """One line per stage: done locally, done in S3 (restored first), or will run."""
+        state, lines = self.state, []
+        for stage in STAGE_ORDER:
+            if state.done(stage):
+                status = "done in S3 (will be restored)" if stage in state.restored else "done locally"
+            elif stage in state.stale:
+                status = "will run (--force: its result was made with other settings)"
+            else:
+                status = "will run"
+            if stage in state.unchecked:
+                status += f"; whether it fits this config is checked after the restore: {state.unchecked[stage]}"
+            lines.append(f"  {stage:<8} {status}")
+        return lines
 
     def describe(self) -> str:
         if not self.stages:
-            return (f"run at {self.state.root} is finished: rl/final is complete and compare.json exists; "
-                    "nothing to do")
-        lines = [f"run at {self.state.root}: next stage {self.stages[0]} ({self.position})"]
+            return "\n".join([f"run at {self.state.root} is finished: rl/final is complete and compare.json "
+                              "exists; nothing to do", *self.stage_lines()])
+        lines = [f"run at {self.state.root}: next stage {self.stages[0]} ({self.position})", *self.stage_lines()]
         if self.resume_from is not None:
-            lines.append(f"  continues from {self.resume_from}")
+            where = " (in S3, will be restored)" if self.resume_from_s3 else ""
+            lines.append(f"  continues from {self.resume_from}{where}")
         lines += ["  " + shlex.join(command) for command in self.commands]
         return "\n".join(lines)
 
 
-def _position(state: RunState) -> tuple[Optional[Path], str]:
+def _position(state: RunState, files: RunFiles) -> tuple[Optional[Path], str]:
     stage = state.next_stage
     if stage == "sft":
         if state.newest_sft is None:
             return None, "SFT from the start"
-        return state.newest_sft, f"SFT from step {_index(state.newest_sft, 'step')}"
+        return state.newest_sft, f"SFT from step {_index(state.newest_sft, 'step', files)}"
     if stage == "rl":
         if state.newest_rl is None:
             return None, "RL from round 0 (on sft/final)"
-        return state.newest_rl, f"RL after round {_index(state.newest_rl, 'round')}"
+        return state.newest_rl, f"RL after round {_index(state.newest_rl, 'round', files)}"
     if stage == "prepare":
         return None, "data not prepared (missing: " + ", ".join(state.missing_data) + ")"
     if stage == "eval":
@@ -208,25 +257,27 @@ def _position(state: RunState) -> tuple[Optional[Path], str]:
     return None, "finished"
 
 
-def _index(checkpoint: Path, key: str):
+def _index(checkpoint: Path, key: str, files: RunFiles):
     try:
-        value = read_meta(checkpoint).get(key)
-    except (OSError, ValueError):
+        value = files.read_meta(checkpoint).get(key)
+    except (OSError, ValueError, NotKnownBeforeRestore):
         value = None
     return value if value is not None else checkpoint.name
 
 
 def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str], cfg=None,
-                force: bool = False) -> ResumePlan:
+                force: bool = False, files: RunFiles = LOCAL_FILES) -> ResumePlan:
     """The stages still to run and their commands; a stale stage stops the plan unless ``force``,
-    which retrains it (``--force``) and everything after it."""
-    state = read_run_state(paths, cfg, force=force)
+    which retrains it (``--force``) and everything after it. ``files``: the view of the run the plan
+    is made from (the disk, or the disk as a restore will leave it)."""
+    state = read_run_state(paths, cfg, force=force, files=files)
     stages = [stage for stage in STAGE_ORDER if not state.done(stage)]
-    resume_from, position = _position(state)
+    resume_from, position = _position(state, files)
     launcher = training_launcher(python, cfg.model.device_map if cfg is not None else None) if {"sft", "rl"} & set(stages) else None
     commands = [stage_command(stage, python, scripts_dir, config_args, launcher)
                 + (["--force"] if stage in state.stale else []) for stage in stages]
-    return ResumePlan(state, stages, commands, resume_from, position)
+    return ResumePlan(state, stages, commands, resume_from, position,
+                      resume_from_s3=resume_from is not None and files.from_s3(resume_from))
 
 
 def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None, cfg=None) -> str:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from ..paths import retrieval_index_dir
+from ..run_files import LOCAL_FILES, RunFiles
 from ..verify.problem_constants import find_size_constants
 from ..prompt_builder import PromptBuilder
 from ..prompts import format_completion
@@ -96,14 +97,14 @@ def input_fingerprint(data_cfg, prompt_cfg=None) -> dict[str, Any]:
     }
 
 
-def is_up_to_date(out_dir: Path, fingerprint: dict[str, Any]) -> bool:
+def is_up_to_date(out_dir: Path, fingerprint: dict[str, Any], files: RunFiles = LOCAL_FILES) -> bool:
     report_path = out_dir / REPORT_FILE
-    if not report_path.is_file() or not all((out_dir / name).is_file() for name in OUTPUT_FILES):
+    if not files.is_file(report_path) or not all(files.is_file(out_dir / name) for name in OUTPUT_FILES):
         return False
-    if not index_is_complete(retrieval_index_dir(out_dir)):
+    if not index_is_complete(retrieval_index_dir(out_dir), files):
         return False
     try:
-        return json.loads(report_path.read_text()).get("fingerprint") == json.loads(json.dumps(fingerprint))
+        return json.loads(files.read_text(report_path)).get("fingerprint") == json.loads(json.dumps(fingerprint))
     except (json.JSONDecodeError, OSError):
         return False
 

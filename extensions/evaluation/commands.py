@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..checkpoints import META, adapter_content_hash, atomic_write_json, is_complete
+from ..checkpoints import META, atomic_write_json, is_complete
 from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..paths import RunPaths
 from ..prompt_builder import PromptBuilder
+from ..run_files import LOCAL_FILES, RunFiles
 from ..training.activity import rl_activity
 from .compare import compare_reports, write_comparison
 from .inputs import GenerationsFile, InputError, load_tasks, read_generations
@@ -310,17 +311,16 @@ def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, boo
     ]
 
 
-def comparison_inputs(cfg, paths: RunPaths) -> dict[str, Any]:
+def comparison_inputs(cfg, paths: RunPaths, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
     """What the default comparison of a run depends on (eval settings, tasks, the three models by
     content); compare.json records it so the pipeline redoes a comparison made of other inputs."""
     from ..config.fingerprint import stage_fingerprint
-    from ..stage_freshness import file_sha256
 
     return {
         "eval": stage_fingerprint(cfg, "eval"),
-        "eval_tasks": file_sha256(paths.eval_tasks),
+        "eval_tasks": files.sha256(paths.eval_tasks),
         "models": {"base": model_identity(cfg.model.name_or_path, cfg.model),
-                   **{stage: adapter_content_hash(paths.final(stage)) for stage in ("sft", "rl")}},
+                   **{stage: files.adapter_hash(paths.final(stage)) for stage in ("sft", "rl")}},
     }
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ...run_files import LOCAL_FILES, RunFiles
 from ..dedup import canonical_tokens, exact_key
 
 EXAMPLES_FILE = "examples.jsonl"
@@ -89,8 +90,8 @@ def _backend_class(backend: str):
     raise RetrievalUnavailable(f"unknown retrieval backend {backend!r} (expected lexical or dense)")
 
 
-def index_is_complete(directory: Path) -> bool:
-    return (Path(directory) / META_FILE).is_file()
+def index_is_complete(directory: Path, files: Optional[RunFiles] = None) -> bool:
+    return (files or LOCAL_FILES).is_file(Path(directory) / META_FILE)
 
 
 def build_index(examples: Iterable[Example], directory: Path, backend: str = "lexical",
