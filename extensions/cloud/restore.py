@@ -6,9 +6,13 @@ restored checkpoint is downloaded into a hidden staging directory, each file che
 manifest's size and sha256, moved into place, and its manifest written last, so an interrupted
 restore leaves nothing that looks complete. Other run files (data, outputs, logs) are downloaded
 when missing or different and checked against the S3 ETag, or the sha256 stored at upload.
+
+``Restorer.preview`` tells what a restore would leave on disk without downloading it (RestoredFiles,
+read by the stage checks of ``resume_training.py --dry-run``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -19,16 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..checkpoints import MANIFEST, atomic_write_text, is_complete, read_manifest
-from ..paths import RunPaths
+from ..checkpoints import MANIFEST, atomic_write_text, is_complete, manifest_adapter_hash, read_manifest
+from ..paths import RunPaths, checkpoint_index
+from ..run_files import NotKnownBeforeRestore, RunFiles
 from .failures import likely_cause
-from .fingerprint import compute_fingerprint
+from .fingerprint import Fingerprint, compute_fingerprint
 from .location import S3Location, chunk_bytes, make_s3_client, transfer_config
-from .remote_tree import ManifestReader, RemoteCheckpoint, checkpoint_of, list_objects, remote_checkpoints
+from .remote_tree import (CHECKPOINTS_DIR, ManifestReader, RemoteCheckpoint, RemoteObject, checkpoint_of,
+                          list_objects, remote_checkpoints)
 from .retry import with_backoff
 from .s3_sync import NOT_SYNCED
 
 log = logging.getLogger(__name__)
+
+# The most a preview reads of one object: meta.json, the data report and compare.json are a few KB.
+SMALL_READ_BYTES = 4 * 1024 * 1024
 
 
 class RestoreError(RuntimeError):
@@ -80,15 +89,50 @@ class Restorer:
         objects = self._call(lambda: list_objects(self.client, self.location), "list bucket")
         return remote_checkpoints(objects, ManifestReader(self.client, self.location))
 
-    def restore(self, dirs: Optional[list[str]] = None) -> RestoreReport:
-        """Download the run's ``dirs`` (default: the config's sync_dirs) into the local run root."""
+    def _wanted(self, dirs: Optional[list[str]]) -> tuple[list[RemoteCheckpoint], dict[str, RemoteObject]]:
+        """What a restore of ``dirs`` (default: the config's sync_dirs) considers: the checkpoints in
+        them, complete or not, and the other objects (loose files)."""
         dirs = list(dirs if dirs is not None else self.settings.sync_dirs)
-        report = RestoreReport()
         objects = self._call(lambda: list_objects(self.client, self.location), "list bucket")
         wanted = {rel: obj for rel, obj in objects.items() if rel.split("/", 1)[0] in dirs}
         checkpoints = remote_checkpoints(wanted, ManifestReader(self.client, self.location))
         loose = {rel: obj for rel, obj in wanted.items()
                  if checkpoint_of(rel) is None and Path(rel).name not in NOT_SYNCED}
+        return checkpoints, loose
+
+    def preview(self, dirs: Optional[list[str]] = None) -> "RestoredFiles":
+        """The run as ``restore(dirs)`` would leave it, from the listing and the manifests: nothing
+        is downloaded or written."""
+        return RestoredFiles(self, *self._wanted(dirs))
+
+    def holds_locally(self, rel: str, obj: RemoteObject) -> Optional[Fingerprint]:
+        """The local file's fingerprint when it already holds the object (restore leaves it alone)."""
+        target = self.paths.root / rel
+        if not (target.is_file() and target.stat().st_size == obj.size):
+            return None
+        fp = compute_fingerprint(target, self.chunk, self.chunk)
+        return fp if fp.etag == obj.etag else None
+
+    def checkpoint_held_locally(self, checkpoint: RemoteCheckpoint) -> bool:
+        """Whether the local directory already is this checkpoint (restore leaves it alone)."""
+        destination = self.paths.root / checkpoint.rel_dir
+        local = read_manifest(destination)
+        return (local is not None and local["files"] == checkpoint.manifest["files"]
+                and is_complete(destination, verify_hashes=True))
+
+    def read_object(self, rel: str) -> bytes:
+        key = self.location.key_for(rel)
+        return self._call(lambda: self.client.get_object(Bucket=self.location.bucket, Key=key)["Body"].read(),
+                          f"get {key}")
+
+    def stored_sha256(self, rel: str) -> Optional[str]:
+        """The sha256 sync stored with the object's upload (None when another tool uploaded it)."""
+        return self._stored_sha256(self.location.key_for(rel))
+
+    def restore(self, dirs: Optional[list[str]] = None) -> RestoreReport:
+        """Download the run's ``dirs`` (default: the config's sync_dirs) into the local run root."""
+        report = RestoreReport()
+        checkpoints, loose = self._wanted(dirs)
         with ThreadPoolExecutor(max_workers=max(1, self.settings.file_concurrency)) as pool:
             for checkpoint in self._progress(checkpoints, "restore checkpoints"):
                 if not checkpoint.complete:
@@ -117,8 +161,7 @@ class Restorer:
                             pool: ThreadPoolExecutor) -> None:
         destination = self.paths.root / checkpoint.rel_dir
         manifest = checkpoint.manifest
-        local = read_manifest(destination)
-        if local is not None and local["files"] == manifest["files"] and is_complete(destination, verify_hashes=True):
+        if self.checkpoint_held_locally(checkpoint):
             report.checkpoints_already_local.append(checkpoint.rel_dir)
             return
         staging = destination.with_name(f".{destination.name}.restoring")
@@ -149,11 +192,10 @@ class Restorer:
     def _restore_file(self, rel: str, obj, report: RestoreReport) -> None:
         target = self.paths.root / rel
         try:
-            if target.is_file() and target.stat().st_size == obj.size:
-                if compute_fingerprint(target, self.chunk, self.chunk).etag == obj.etag:
-                    with self._lock:
-                        report.files_unchanged += 1
-                    return
+            if self.holds_locally(rel, obj) is not None:
+                with self._lock:
+                    report.files_unchanged += 1
+                return
             key = self.location.key_for(rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.restoring")
@@ -174,6 +216,132 @@ class Restorer:
     def _stored_sha256(self, key: str) -> Optional[str]:
         head = self._call(lambda: self.client.head_object(Bucket=self.location.bucket, Key=key), f"head {key}")
         return head.get("Metadata", {}).get("sha256")
+
+
+class RestoredFiles(RunFiles):
+    """The run as ``Restorer.restore`` will leave it, told from the bucket listing without downloading it.
+
+    A complete remote checkpoint replaces the local directory of its name (incomplete ones are
+    skipped); any other object of the synced folders replaces the local file when that differs;
+    everything else stays as it is on disk. A checkpoint file's hash comes from its manifest, a loose
+    file's from the sha256 stored with its upload; the few small files the stage checks read
+    (meta.json, the data report, compare.json) come from this disk where it holds them already,
+    else from one GET each. What cannot be known so raises NotKnownBeforeRestore.
+    """
+
+    def __init__(self, restorer: Restorer, checkpoints: list[RemoteCheckpoint], loose: dict[str, RemoteObject]):
+        self.restorer = restorer
+        self.root = restorer.paths.root
+        self.checkpoints = checkpoints  # every remote checkpoint considered, complete or not
+        self._complete = {self.root / c.rel_dir: c for c in checkpoints if c.complete}
+        self._loose = {self.root / rel: (rel, obj) for rel, obj in loose.items()}
+        # Local copies already compared with S3 (restore leaves those alone).
+        self._local_files: dict[Path, Optional[Fingerprint]] = {}
+        self._local_checkpoints: dict[Path, bool] = {}
+
+    # -- where a path's content will come from -------------------------------------------------
+    def _in_checkpoint(self, path: Path) -> Optional[tuple[RemoteCheckpoint, str]]:
+        """(complete remote checkpoint, name inside it) for a file the restore puts there."""
+        try:
+            where = checkpoint_of(Path(path).relative_to(self.root).as_posix())
+        except ValueError:
+            return None
+        if where is None:
+            return None
+        stage, name, inner = where
+        checkpoint = self._complete.get(self.root / CHECKPOINTS_DIR / stage / name)
+        return (checkpoint, inner) if checkpoint is not None else None
+
+    def _local_copy(self, path: Path, rel: str, obj: RemoteObject) -> Optional[Fingerprint]:
+        if path not in self._local_files:
+            self._local_files[path] = self.restorer.holds_locally(rel, obj)
+        return self._local_files[path]
+
+    def _checkpoint_local(self, checkpoint: RemoteCheckpoint) -> bool:
+        directory = self.root / checkpoint.rel_dir
+        if directory not in self._local_checkpoints:
+            self._local_checkpoints[directory] = self.restorer.checkpoint_held_locally(checkpoint)
+        return self._local_checkpoints[directory]
+
+    @staticmethod
+    def _small(rel: str, size: int) -> None:
+        if size > SMALL_READ_BYTES:
+            raise NotKnownBeforeRestore(f"{rel} is {size / 1e6:.1f} MB in S3, read only once restored")
+
+    # -- RunFiles ------------------------------------------------------------------------------
+    def is_file(self, path: Path) -> bool:
+        inside = self._in_checkpoint(path)
+        if inside is not None:
+            checkpoint, name = inside
+            return name == MANIFEST or name in checkpoint.manifest["files"]
+        return Path(path) in self._loose or Path(path).is_file()
+
+    def read_text(self, path: Path) -> str:
+        path = Path(path)
+        inside = self._in_checkpoint(path)
+        if inside is not None:
+            checkpoint, name = inside
+            if name == MANIFEST:
+                return json.dumps(checkpoint.manifest, indent=2, sort_keys=True) + "\n"
+            entry = checkpoint.manifest["files"].get(name)
+            if entry is None:
+                raise FileNotFoundError(f"{path}: not listed in the manifest of {checkpoint.rel_dir} in S3")
+            rel, size = f"{checkpoint.rel_dir}/{name}", int(entry.get("size") or 0)
+            self._small(rel, size)
+            data = path.read_bytes() if path.is_file() and path.stat().st_size == size else None
+            if data is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+                data = self.restorer.read_object(rel)
+                if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+                    raise NotKnownBeforeRestore(f"{rel} in S3 does not match its manifest")
+            return data.decode()
+        remote = self._loose.get(path)
+        if remote is not None and self._local_copy(path, *remote) is None:
+            rel, obj = remote
+            self._small(rel, obj.size)
+            return self.restorer.read_object(rel).decode()
+        return path.read_text()
+
+    def sha256(self, path: Path) -> Optional[str]:
+        path = Path(path)
+        inside = self._in_checkpoint(path)
+        if inside is not None:
+            checkpoint, name = inside
+            if name == MANIFEST:
+                return hashlib.sha256(self.read_text(path).encode()).hexdigest()
+            return checkpoint.manifest["files"].get(name, {}).get("sha256")
+        remote = self._loose.get(path)
+        if remote is None:
+            return super().sha256(path)
+        local = self._local_copy(path, *remote)
+        if local is not None:
+            return local.sha256
+        stored = self.restorer.stored_sha256(remote[0])
+        if not stored:
+            raise NotKnownBeforeRestore(f"{remote[0]} in S3 has no stored sha256 (not uploaded by this pipeline)")
+        return stored
+
+    def manifest(self, directory: Path) -> Optional[dict]:
+        checkpoint = self._complete.get(Path(directory))
+        return checkpoint.manifest if checkpoint is not None else super().manifest(directory)
+
+    def complete_checkpoints(self, stage_dir: Path) -> list[Path]:
+        remote = {d for d in self._complete if d.parent == Path(stage_dir) and checkpoint_index(d) is not None}
+        return sorted(remote | set(super().complete_checkpoints(stage_dir)), key=checkpoint_index)
+
+    def adapter_hash(self, directory: Path) -> Optional[str]:
+        checkpoint = self._complete.get(Path(directory))
+        return manifest_adapter_hash(checkpoint.manifest) if checkpoint is not None else super().adapter_hash(directory)
+
+    def from_s3(self, path: Path) -> bool:
+        path = Path(path)
+        checkpoint = self._complete.get(path)
+        if checkpoint is not None:
+            return not self._checkpoint_local(checkpoint)
+        inside = self._in_checkpoint(path)
+        if inside is not None:
+            return not self._checkpoint_local(inside[0])
+        remote = self._loose.get(path)
+        return remote is not None and self._local_copy(path, *remote) is None
 
 
 def format_checkpoint_table(checkpoints: list[RemoteCheckpoint]) -> str:
