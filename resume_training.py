@@ -8,8 +8,11 @@ With a bucket (--bucket, checkpoint.bucket or $KERNEL_RL_BUCKET) the run is firs
 s3://BUCKET/PREFIX/RUN_ID/ (complete checkpoints only, verified). Then the newest complete checkpoint
 decides where to continue (SFT step, RL round), and the remaining stages run with the same commands
 run_pipeline.sh uses (train_integrated.py resumes from that checkpoint by itself). --dry-run prints
-the plan and changes nothing. A finished run (complete rl/final and outputs/compare.json) is left
-alone. --print-state prints the stage status as shell assignments (for run_pipeline.sh).
+the plan and changes nothing; with a bucket it plans the run as the restore will leave it (each
+stage done locally, done in S3 and restored first, or to run), from the bucket's listing, the
+checkpoint manifests and a few small reads, without downloading the run. A finished run (complete
+rl/final and outputs/compare.json) is left alone. --print-state prints the stage status as shell
+assignments (for run_pipeline.sh).
 
 A finished stage or checkpoint made with other settings than this run's (config keys that decide
 the stage, or the data it read; restored ones included) stops the resume with one line per
@@ -25,11 +28,12 @@ import sys
 from pathlib import Path
 
 from extensions.cloud import actions
-from extensions.cloud.run_state import plan_resume, read_run_state, shell_assignments
+from extensions.cloud.run_state import ResumePlan, plan_resume, read_run_state, shell_assignments
 from extensions.config import add_config_args, parse_flags
 from extensions.entry_point import run_entry_point, start_config
 from extensions.interrupt import SaveSignal
 from extensions.paths import RunPaths
+from extensions.run_files import LOCAL_FILES, RunFiles
 from extensions.run_lock import lock_run, lock_status
 
 PROG = "resume_training"
@@ -65,16 +69,18 @@ def resume(argv=None) -> int:
         print(lock_status(paths.run_lock), flush=True)
     else:
         lock_run(paths)
+    config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
+
+    def make_plan(files: RunFiles = LOCAL_FILES) -> ResumePlan:
+        return plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args, cfg, force=args.force, files=files)
+
     if location is not None:
-        code = actions.list_checkpoints(cfg, location) if args.dry_run else actions.restore(cfg, paths, location)
+        if args.dry_run:
+            return actions.dry_run(cfg, paths, location, make_plan)
+        code = actions.restore(cfg, paths, location)
         if code != 0:
             return code
-    config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
-    plan = plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args, cfg, force=args.force)
-    if args.dry_run and location is not None and plan.stages:
-        # A dry run downloads nothing, so the plan reads local files; the real run restores first.
-        print(f"(plan from the local files; without --dry-run the complete checkpoints listed above are "
-              f"restored from {location.uri} first, and stages whose output they hold are skipped)", flush=True)
+    plan = make_plan()
     print(plan.describe(), flush=True)
     if args.dry_run or not plan.stages:
         return 0

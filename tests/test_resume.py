@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,6 +172,14 @@ def test_results_restored_from_s3_are_checked_against_the_resuming_config(s3, tm
 
     second = RunPaths(tmp_path / "second")
     other_config = write_config(tmp_path / "second.yaml", second.root, run_id="shared-run", lora="{r: 8}")
+    dry = resume(other_config, scripts, "--bucket", s3["bucket"], "--dry-run")  # judged from S3's meta.json
+    assert dry.returncode == 2, dry.stdout + dry.stderr
+    assert "sft: the finished result" in dry.stderr and "(in S3; the restore brings it here)" in dry.stderr
+    assert "lora.r: 16 -> 8" in dry.stderr and not second.root.exists()
+    forced_dry = resume(other_config, scripts, "--bucket", s3["bucket"], "--dry-run", "--force")
+    assert forced_dry.returncode == 0, forced_dry.stdout + forced_dry.stderr
+    assert "sft      will run (--force: its result was made with other settings)" in forced_dry.stdout
+    assert "prepare  done in S3 (will be restored)" in forced_dry.stdout and not second.root.exists()
     refused = resume(other_config, scripts, "--bucket", s3["bucket"])
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "sft: the finished result" in refused.stderr and "lora.r: 16 -> 8" in refused.stderr
@@ -183,3 +192,101 @@ def test_results_restored_from_s3_are_checked_against_the_resuming_config(s3, tm
     log = (second.logs / "fake_stages.log").read_text().splitlines()
     assert log[-5:] == ["sft forced", "sft started", "rl forced", "rl started", "eval"]
     assert ck.read_meta(second.final("rl"))["config"]["lora"]["r"] == 8
+
+
+# -- dry run with a bucket: the plan of the run as the restore will leave it ----------------------
+def _tree(root: Path) -> list[tuple[str, int, int]]:
+    return sorted((str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def _stage_lines(stdout: str) -> dict[str, str]:
+    lines = {}
+    for line in stdout.splitlines():
+        name, _, status = line.strip().partition(" ")
+        if name in ("prepare", "sft", "rl", "eval") and status.strip().startswith(("done", "will run")):
+            lines[name] = status.strip()
+    return lines
+
+
+def _mirror_sft_only_run(s3, tmp_path: Path, scripts: Path, run_id: str) -> tuple[RunPaths, S3Location]:
+    """A machine that prepared the data and finished SFT (RL never started), mirrored to S3, then lost."""
+    lost = RunPaths(tmp_path / "lost")
+    config = write_config(tmp_path / "lost.yaml", lost.root, run_id=run_id)
+    assert resume(config, scripts).returncode == 0
+    shutil.rmtree(lost.stage_dir("rl"))
+    lost.compare_json.unlink()
+    location = S3Location(s3["bucket"], "runs", run_id)
+    assert CheckpointManager(load_config(config).checkpoint, lost, location).sync_once().ok
+    return lost, location
+
+
+def test_dry_run_plans_from_what_the_bucket_holds_and_downloads_nothing(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    lost, _ = _mirror_sft_only_run(s3, tmp_path, scripts, "sft-in-s3")
+
+    fresh = RunPaths(tmp_path / "fresh")
+    fresh.root.mkdir()
+    config = write_config(tmp_path / "fresh.yaml", fresh.root, run_id="sft-in-s3")
+    dry = resume(config, scripts, "--bucket", s3["bucket"], "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert _tree(fresh.root) == []  # nothing downloaded, nothing created
+    assert _stage_lines(dry.stdout) == {"prepare": "done in S3 (will be restored)",
+                                        "sft": "done in S3 (will be restored)",
+                                        "rl": "will run", "eval": "will run"}, dry.stdout
+    assert "next stage rl (RL from round 0 (on sft/final))" in dry.stdout
+    assert "plan from the local files" not in dry.stdout
+
+    # The real run does what the dry run said: restore, then RL and evaluation only.
+    restored_log = (lost.logs / "fake_stages.log").read_text().splitlines()
+    result = resume(config, scripts, "--bucket", s3["bucket"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (fresh.logs / "fake_stages.log").read_text().splitlines() == restored_log + ["rl started", "eval"]
+
+    # Restored and finished: everything is done locally now.
+    again = resume(config, scripts, "--bucket", s3["bucket"], "--dry-run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "nothing to do" in again.stdout
+    assert set(_stage_lines(again.stdout).values()) == {"done locally"}, again.stdout
+
+
+def test_dry_run_does_not_count_incomplete_checkpoints_in_s3(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    lost, location = _mirror_sft_only_run(s3, tmp_path, scripts, "torn-sft")
+    client, bucket = s3["client"], s3["bucket"]
+    # sft/final caught mid-upload (its manifest lists a file S3 lacks); checkpoint-12 never sealed.
+    client.delete_object(Bucket=bucket, Key=location.key_for("checkpoints/sft/final/adapter_model.bin"))
+    client.delete_object(Bucket=bucket, Key=location.key_for("checkpoints/sft/checkpoint-12/manifest.json"))
+
+    fresh = RunPaths(tmp_path / "fresh")
+    fresh.root.mkdir()
+    config = write_config(tmp_path / "fresh.yaml", fresh.root, run_id="torn-sft")
+    dry = resume(config, scripts, "--bucket", bucket, "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert _tree(fresh.root) == []
+    assert _stage_lines(dry.stdout) == {"prepare": "done in S3 (will be restored)", "sft": "will run",
+                                        "rl": "will run", "eval": "will run"}, dry.stdout
+    assert "next stage sft (SFT from step 10)" in dry.stdout
+    assert f"continues from {fresh.sft_checkpoint(10)} (in S3, will be restored)" in dry.stdout
+    assert "sft    final" in dry.stdout and "incomplete (1 listed file(s) missing" in dry.stdout
+
+    result = resume(config, scripts, "--bucket", bucket)
+    assert result.returncode == 0, result.stdout + result.stderr
+    new_lines = (fresh.logs / "fake_stages.log").read_text().splitlines()[
+        len((lost.logs / "fake_stages.log").read_text().splitlines()):]
+    assert new_lines == ["sft started", "sft resumed from 10", "rl started", "eval"]
+
+
+def test_dry_run_says_when_only_the_restore_can_judge_a_result(s3, tmp_path):
+    scripts = write_fake_stages(tmp_path / "scripts")
+    lost, location = _mirror_sft_only_run(s3, tmp_path, scripts, "foreign-upload")
+    # Uploaded by another tool: no sha256 stored with the object, so its hash needs its bytes.
+    s3["client"].put_object(Bucket=s3["bucket"], Key=location.key_for("data/processed/sft_train.jsonl"),
+                            Body=lost.sft_train.read_bytes())
+    fresh = RunPaths(tmp_path / "fresh")
+    config = write_config(tmp_path / "fresh.yaml", fresh.root, run_id="foreign-upload")
+    dry = resume(config, scripts, "--bucket", s3["bucket"], "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert not fresh.root.exists()
+    sft = _stage_lines(dry.stdout)["sft"]
+    assert sft.startswith("done in S3 (will be restored); whether it fits this config is checked after the restore")
+    assert "sft_train.jsonl" in sft

@@ -20,6 +20,7 @@ from ..interrupt import SaveSignal
 from ..paths import RunPaths
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
+from ..run_files import RunFiles
 from .run_state import ResumePlan
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,19 @@ def list_checkpoints(cfg, location: S3Location) -> int:
     table = format_checkpoint_table(restorer.checkpoints())
     print(f"{location.uri}")
     print(table)
+    return 0
+
+
+@reporting_s3_failures
+def dry_run(cfg, paths: RunPaths, location: S3Location, make_plan: Callable[[RunFiles], ResumePlan]) -> int:
+    """Print the run's checkpoints in S3 and the plan the run will follow once it is restored from
+    there (``make_plan`` given the run as the restore will leave it); downloads and writes nothing."""
+    from .restore import Restorer, format_checkpoint_table
+
+    restored = Restorer(cfg.checkpoint, paths, location).preview()
+    print(f"{location.uri}")
+    print(format_checkpoint_table(restored.checkpoints), flush=True)
+    print(make_plan(restored).describe(), flush=True)
     return 0
 
 
