@@ -24,6 +24,19 @@ def test_default_and_smoke_configs_load(project_root):
     assert smoke.source.endswith("smoke.yaml")
 
 
+def test_histogram_every_is_checked_after_the_file_and_every_override(project_root, tmp_path):
+    smoke = project_root / "configs" / "smoke.yaml"
+    assert load_config(smoke).logging.histogram_every == 1
+    assert load_config(smoke, ["logging.histogram_every=0"]).logging.histogram_every == 0
+    with pytest.raises(ConfigError, match="logging.histogram_every: -1 is below 0"):
+        load_config(smoke, ["logging.histogram_every=-1"])
+    path = tmp_path / "negative.yaml"
+    path.write_text("logging:\n  histogram_every: -2\n")
+    with pytest.raises(ConfigError, match="logging.histogram_every: -2 is below 0"):
+        load_config(path)
+    assert load_config(path, ["logging.histogram_every=3"]).logging.histogram_every == 3
+
+
 def test_unknown_key_is_an_error_naming_it(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("verifier:\n  timing_num_trails: 50\n")

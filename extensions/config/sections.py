@@ -340,3 +340,11 @@ class LoggingConfig:
     # Experiment trackers, through accelerate: tensorboard (logs/tensorboard/<stage>), wandb, mlflow.
     # wandb and mlflow are not dependencies: install the package of the one you name. [] = JSONL only.
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(default_factory=lambda: ["tensorboard"])
+    # TensorBoard histograms of an RL round's rewards, speedups and advantages on every round whose
+    # index is a multiple of this (1: every round; 0: never); fewer keeps long runs' event files small.
+    histogram_every: int = 1
+
+    def check(self, where: str = "logging") -> None:
+        if self.histogram_every < 0:
+            raise ConfigError(f"{where}.histogram_every: {self.histogram_every} is below 0 "
+                              "(0 turns the histograms off, N logs them every N rounds)")
