@@ -67,3 +67,58 @@ def test_named_tracker_without_its_package_is_a_clear_start_up_error(tmp_path, t
 def test_unknown_tracker_is_rejected_by_the_config():
     with pytest.raises(ConfigError, match="logging.report_to"):
         load_config(PROJECT_ROOT / "configs" / "smoke.yaml", ["logging.report_to=[neptune]"])
+
+
+# -- RL round histograms -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from extensions.training.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+def judge_even_samples_correct(items):
+    """Even sample indices are correct, with a speedup that depends on the index; odd ones are not."""
+    from extensions.verify.result import VerifyResult
+
+    results = []
+    for _code, _text, label in items:
+        sample = int(label.split("/")[2])
+        correct = sample % 2 == 0
+        results.append(VerifyResult(candidate=label, correct=correct, stage="timing" if correct else "compile",
+                                    reward=1.0 if correct else 0.0, speedup=1.0 + sample / 10 if correct else None))
+    return results
+
+
+def tensorboard_histograms(directory) -> dict[str, list[tuple[int, int]]]:
+    """tag -> [(step, number of values)], every event kept (the default keeps one per tag)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory), size_guidance={"histograms": 0})
+    events.Reload()
+    return {tag: [(e.step, int(e.histogram_value.num)) for e in events.Histograms(tag)]
+            for tag in events.Tags()["histograms"]}
+
+
+@pytest.mark.parametrize("every, rounds", [(2, 3), (0, 2)])
+def test_rl_rounds_log_histograms_every_n_rounds(tmp_path, model_dir, every, rounds):
+    from rl_synthetic import synthetic_config, vowel_reward
+
+    from extensions.training.rl import run_rl
+
+    cfg = synthetic_config(tmp_path, model_dir, [
+        "rl.algorithm=grpo", f"rl.num_rounds={rounds}", "rl.tasks_per_round=2", "rl.samples_per_task=4",
+        "rl.max_new_tokens=4", f"logging.histogram_every={every}"])
+    outcome = run_rl(cfg, progress=False, verify_fn=judge_even_samples_correct, score_fn=vowel_reward)
+    assert outcome.status == "finished"
+    paths = RunPaths.from_config(cfg)
+    rows = [json.loads(line) for line in paths.metrics_log("rl").read_text().splitlines()]
+    assert [row["round"] for row in rows if row["kind"] == "round"] == list(range(1, rounds + 1))
+    histograms = tensorboard_histograms(paths.tensorboard("rl"))
+    if every == 0:
+        assert histograms == {}
+        assert "round/reward_mean" in tensorboard_scalars(paths.tensorboard("rl"))
+        return
+    samples = cfg.rl.tasks_per_round * cfg.rl.samples_per_task
+    assert histograms == {"round/reward": [(2, samples)], "round/advantage": [(2, samples)],
+                          "round/speedup": [(2, samples // 2)]}

@@ -38,7 +38,7 @@ from .distributed import make_dist
 from .metrics import MetricsLogger
 from .objectives import Objective, RoundRollouts, UpdateContext, make_objective
 from .rewards import RewardFn, ScoreFn, gated_user_rewards, load_reward_fn, make_score_fn
-from .round_stats import multiturn_statistics, round_statistics
+from .round_stats import multiturn_statistics, round_distributions, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
 from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
@@ -319,4 +319,13 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
     round_metrics["seconds"]["checkpoint_s"] = time.perf_counter() - saving_started
     round_metrics["seconds"]["round_s"] = time.perf_counter() - round_started
     parts.metrics.log(round_index, round_metrics, kind="round")
+    if histograms_due(cfg.logging.histogram_every, round_index):
+        # After the save: a round redone after a stop mid-update logs its histograms once.
+        for name, values in {**round_distributions(candidates), **update_ctx.distributions}.items():
+            parts.metrics.log_histogram(f"round/{name}", values, round_index)
     return directory
+
+
+def histograms_due(every: int, round_index: int) -> bool:
+    """Whether round ``round_index`` logs histograms under ``logging.histogram_every`` (0: never)."""
+    return every > 0 and round_index % every == 0

@@ -1,6 +1,7 @@
 """Statistics of one RL round's judged candidates, for its metrics and its checkpoint."""
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Sequence
 
@@ -35,6 +36,15 @@ def round_statistics(candidates: Sequence[Candidate]) -> dict[str, Any]:
         "reward_mean_by_level": {str(level): statistics.fmean(c.reward for c in items) for level, items in sorted(levels.items())},
         "completion_tokens_mean": statistics.fmean(len(c.token_ids) for c in candidates) if candidates else 0.0,
     }
+
+
+def round_distributions(candidates: Sequence[Candidate]) -> dict[str, list[float]]:
+    """Per-candidate values the round logs as histograms: ``reward`` of every judged candidate,
+    ``speedup`` of every correct one whose speedup was measured (finite values only)."""
+    judged = [c for c in candidates if c.result is not None]
+    speedups = [float(c.result["speedup"]) for c in judged
+                if c.correct and isinstance(c.result.get("speedup"), (int, float))]
+    return {"reward": [c.reward for c in judged], "speedup": [s for s in speedups if math.isfinite(s)]}
 
 
 def _stage_index(candidate: Candidate) -> int:

@@ -36,6 +36,9 @@ class UpdateContext:
     metrics: Any  # MetricsLogger
     progress: bool
     check_signal: Callable[[], None]  # serves save requests between optimizer steps; raises on stop
+    # Per-sample values the objective computed (e.g. "advantage"): the round loop logs them as
+    # histograms on the rounds logging.histogram_every picks, with the rewards and speedups.
+    distributions: dict[str, list[float]] = field(default_factory=dict)
 
 
 class Objective:

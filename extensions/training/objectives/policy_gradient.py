@@ -61,10 +61,7 @@ class TokenObjective(Objective):
                                  "trained_samples": len(sequences)}
         stats.update(_distribution("advantage", weights))
         stats["advantage_histogram"] = histogram(weights)
-        if ctx.dist.is_main and weights:
-            log_histogram = getattr(ctx.metrics, "log_histogram", None)
-            if log_histogram is not None:
-                log_histogram("round/advantage", weights, rollouts.round_index)
+        ctx.distributions["advantage"] = list(weights)
         started = time.perf_counter()
         history = []
         if len(sequences) < ctx.dist.world_size:
