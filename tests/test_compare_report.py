@@ -115,9 +115,9 @@ def test_usage_errors_exit_2(tmp_path, project_root):
         return subprocess.run([sys.executable, "evaluate.py", *args], cwd=project_root, capture_output=True,
                               text=True, timeout=120)
     both = run("--compare", "--model_path", "x", "--smoke")
-    assert both.returncode == 2 and "exactly one" in both.stdout
+    assert both.returncode == 2 and "exactly one" in both.stderr
     no_name = run("--from_generations", str(tmp_path / "g.jsonl"), "--smoke")
-    assert no_name.returncode == 2 and "--name" in no_name.stdout
+    assert no_name.returncode == 2 and "--name" in no_name.stderr
     missing = run("--from_generations", str(tmp_path / "g.jsonl"), "--tasks", str(tmp_path / "t.jsonl"),
                   "--name", "x", "--smoke")
-    assert missing.returncode == 2 and "not found" in missing.stdout
+    assert missing.returncode == 2 and "not found" in missing.stderr

@@ -89,7 +89,7 @@ def test_evaluate_cli_with_turns_prints_table_and_writes_plot(tmp_path, project_
     args = ["--model_path", str(model_dir), "--tasks", str(tasks), "--turns", "2", "--name", "tiny",
             "--output_dir", str(out), *run_root, "--set", "eval.max_new_tokens=6"]
     unprepared = run_evaluate(args, project_root, timeout=120)
-    assert unprepared.returncode == 2 and "run prepare_data.py" in unprepared.stdout
+    assert unprepared.returncode == 2 and "run prepare_data.py" in unprepared.stderr
     prepared = subprocess.run([sys.executable, "prepare_data.py", *run_root, "--no_progress"], cwd=project_root,
                               capture_output=True, text=True, timeout=300)
     assert prepared.returncode == 0, prepared.stderr
@@ -109,7 +109,7 @@ def test_evaluate_cli_with_turns_prints_table_and_writes_plot(tmp_path, project_
 
     bad = run_evaluate(["--from_generations", str(out / "trajectories_tiny.jsonl"), "--name", "x", "--turns", "2",
                         "--smoke"], project_root, timeout=120)
-    assert bad.returncode == 2 and "--turns needs a model" in bad.stdout
+    assert bad.returncode == 2 and "--turns needs a model" in bad.stderr
 
 
 def test_compare_shows_per_turn_tables_and_curves(outcome, tmp_path):

@@ -71,7 +71,7 @@ def test_folder_without_kernel_files_is_a_usage_error(tmp_path, project_root):
     result = run_evaluate(["--from_generations", str(tmp_path / "empty_run"), "--tasks", str(tasks),
                            "--name", "x", "--output_dir", str(tmp_path / "out"), "--smoke"], project_root)
     assert result.returncode == 2
-    assert "no level_L_problem_P_sample_S_kernel.py files" in result.stdout
+    assert "no level_L_problem_P_sample_S_kernel.py files" in result.stderr
 
 
 def test_model_path_that_is_not_a_model_fails_in_one_line_and_leaves_no_file(tmp_path, project_root):
@@ -90,9 +90,9 @@ def test_model_path_that_is_not_a_model_fails_in_one_line_and_leaves_no_file(tmp
         output = result.stdout + result.stderr
         assert result.returncode == 3, output
         assert "Traceback" not in output
-        errors = [line for line in result.stdout.splitlines() if line.startswith("error:")]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and str(folder) in errors[0], output
         assert not (out / f"generations_{folder.name}.jsonl").exists()
     assert "is not a model directory" in run_evaluate(
         ["--model_path", str(not_a_model), "--tasks", str(tasks), "--output_dir", str(out), "--smoke"],
-        project_root).stdout
+        project_root).stderr
