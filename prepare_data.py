@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="output directory (default: the run's data/processed)")
     parser.add_argument("--max_samples", type=int, help="read at most N KernelBook rows (data.max_samples)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
-    parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parse_flags(parser, argv)
 
 

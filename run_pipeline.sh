@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole pipeline, resumable: prepare -> SFT -> RL -> evaluate --compare.
 #
-#   ./run_pipeline.sh --smoke                                   # CPU run (SmolLM2-135M, bundled data)
+#   ./run_pipeline.sh --smoke                                   # CPU run (Qwen2.5-Coder-0.5B GGUF, bundled data)
 #   ./run_pipeline.sh --config configs/default.yaml --bucket B  # 8-GPU spot run, mirrored to S3
 #   ./run_pipeline.sh --smoke --set rl.num_rounds=1             # any config override, repeatable
 #   ./run_pipeline.sh --smoke --force                           # retrain stages made with other settings

@@ -1,4 +1,5 @@
-"""Stages 2-3: LoRA SFT on KernelBook pairs, then Best-of-N RL on verified rewards.
+"""Stages 2-3: LoRA SFT on verified PyTorch -> Triton pairs, then RL on verified rewards (rl.algorithm:
+Best-of-N by default, GRPO, RLOO, REINFORCE or reward-weighted SFT).
 
     python train_integrated.py --config configs/default.yaml --stage all      # one process
     accelerate launch --num_processes 8 train_integrated.py --stage all       # 8 GPUs, data parallel

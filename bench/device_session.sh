@@ -93,7 +93,7 @@ run_multi_gpu() {
   local root=/tmp/kernel-rl-multi
   rm -rf "$root"
   step multi_gpu_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
-    && $PY prepare_data.py --smoke --set run.root=$root/ddp --no_progress"
+    && $PY prepare_data.py --smoke --set run.root=$root/ddp --no-progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
                 --set verifier.device=cuda --set rl.max_new_tokens=64 --set eval.max_new_tokens=64
                 --set sft.max_seq_len=4096 --set sft.max_steps=4 --set sft.save_every_steps=2)
@@ -111,7 +111,7 @@ run_rl_algorithms() {
   local root=/tmp/kernel-rl-algorithms
   rm -rf "$root"
   step rl_algorithms_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
-    && $PY prepare_data.py --smoke --set run.root=$root/data --no_progress"
+    && $PY prepare_data.py --smoke --set run.root=$root/data --no-progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
                 --set verifier.device=cuda --set rl.num_rounds=1 --set rl.tasks_per_round=4 --set rl.samples_per_task=8
                 --set rl.max_new_tokens=128 --set rl.generation_batch_size=16 --set rl.per_device_batch_size=4
