@@ -174,9 +174,19 @@ def sample_token_ids(model, prompt_ids: Sequence[list[int]], n: int, params: Sam
     return results  # type: ignore[return-value]
 
 
-def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
-                       *, progress: bool = True) -> list[list[str]]:
-    """``n`` decoded completions (assistant text only) for each chat prompt."""
+@dataclass
+class Completion:
+    """One decoded answer: its text, how many tokens it took, and whether ``max_new_tokens`` cut it
+    off (an answer that never ended, rather than one the model finished)."""
+
+    text: str
+    new_tokens: int
+    cut_off: bool
+
+
+def sample_answers(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
+                   *, progress: bool = True) -> list[list[Completion]]:
+    """``n`` decoded completions (assistant text only) for each chat prompt, with their lengths."""
     if not prompts:
         return []
     prompt_ids = render_prompt_ids(tokenizer, prompts)
@@ -184,7 +194,22 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, para
         model, prompt_ids, n, params, pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=eos_token_ids(model, tokenizer), progress=progress,
     )
-    return [[tokenizer.decode(tokens, skip_special_tokens=True) for tokens in per_prompt] for per_prompt in token_lists]
+
+    def completion(tokens: list[int]) -> Completion:
+        # The end-of-sequence token is cut off, so an answer the model ended is shorter than the
+        # budget; one that fills it never ended.
+        cut_off = len(tokens) >= params.max_new_tokens
+        return Completion(tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + (0 if cut_off else 1),
+                          cut_off)
+
+    return [[completion(tokens) for tokens in per_prompt] for per_prompt in token_lists]
+
+
+def sample_completions(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,
+                       *, progress: bool = True) -> list[list[str]]:
+    """``n`` decoded completions (assistant text only) for each chat prompt."""
+    return [[answer.text for answer in per_prompt]
+            for per_prompt in sample_answers(model, tokenizer, prompts, n, params, progress=progress)]
 
 
 def sample_rollouts(model, tokenizer, prompts: list[list[dict]], n: int, params: SamplingParams,

@@ -138,6 +138,12 @@ def test_model_path_generates_saves_before_verifying_and_reuses(tmp_path, projec
     assert report["config"]["eval"]["max_new_tokens"] == 6 and report["config"]["eval"]["temperature"] == 0.9
     assert report["config_fingerprint"] and report["eval_fingerprint"] and report["tasks_file_sha256"]
     assert report["complete"] and recompute_metrics(report) == report["metrics"]
+    # Each answer's length is kept, and the report counts the ones the 6-token budget cut off.
+    assert all(1 <= r["new_tokens"] <= 6 and r["cut_off"] == (r["new_tokens"] == 6) for r in rows)
+    lengths = report["answer_lengths"]
+    assert lengths["answers"] == 4 and lengths["cut_off"] == sum(r["cut_off"] for r in rows)
+    assert lengths["new_tokens_max"] == max(r["new_tokens"] for r in rows)
+    assert f"answers: {lengths['cut_off']} of 4 cut off at max_new_tokens (6)" in first.stdout
 
     # A re-run reuses the saved generations: put a real kernel in one and it is judged, nothing regenerated.
     rows[0]["response"] = response("relu_correct.md")

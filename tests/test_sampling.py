@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from extensions.modeling import prepare_tokenizer
-from extensions.sampling import (SamplingParams, SamplingStopped, render_prompt_ids, sample_completions,
-                                 sample_rollouts, sample_token_ids)
+from extensions.sampling import (SamplingParams, SamplingStopped, render_prompt_ids, sample_answers,
+                                 sample_completions, sample_rollouts, sample_token_ids)
 from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer
 
 
@@ -72,9 +72,24 @@ def test_generation_stops_at_eos_and_strips_it(tiny):
     try:
         texts = sample_completions(biased, tokenizer, PROMPTS[:2], 2, SamplingParams(max_new_tokens=6, temperature=0.7),
                                    progress=False)
+        ended = sample_answers(biased, tokenizer, PROMPTS[:1], 1, SamplingParams(max_new_tokens=6), progress=False)
     finally:
         handle.remove()
     assert texts == [["", ""], ["", ""]]
+    # An answer the model ended is not cut off; its length counts the end-of-sequence token.
+    assert [(a.text, a.new_tokens, a.cut_off) for a in ended[0]] == [("", 1, False)]
+    # When the model never ends, the budget does: cut off, at its full length.
+    def never_eos(module, args, output):
+        output.logits[..., eos] = -1e9
+        return output
+
+    handle = model.register_forward_hook(never_eos)
+    try:
+        never_ends = sample_answers(model, tokenizer, PROMPTS[:1], 2, SamplingParams(max_new_tokens=5, temperature=1.0),
+                                    progress=False)
+    finally:
+        handle.remove()
+    assert [(a.new_tokens, a.cut_off) for a in never_ends[0]] == [(5, True), (5, True)]
 
 
 def test_bad_arguments_are_rejected(tiny):

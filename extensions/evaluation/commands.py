@@ -143,6 +143,12 @@ def summarize(report: dict[str, Any], report_path: Path, log=print) -> None:
     if report.get("turns"):
         log(f"[{report['name']}] per turn (rates by turn t over all samples; answered: trajectories still refining):")
         log(format_turn_table(report["turns"]))
+    lengths = report.get("answer_lengths")
+    if lengths:
+        budget = (report.get("generation") or {}).get("sampling", {}).get("max_new_tokens")
+        log(f"[{report['name']}] answers: {lengths['cut_off']} of {lengths['answers']} cut off at max_new_tokens"
+            + (f" ({budget})" if budget else "") + f"; new tokens median {lengths['new_tokens_median']}, "
+            f"p90 {lengths['new_tokens_p90']}, max {lengths['new_tokens_max']}")
     if report["failed_samples_without_response"]:
         log(f"{report['failed_samples_without_response']} sample(s) had no usable response; counted as failed")
     log(f"report: {report_path}")
@@ -188,6 +194,7 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
         name=name, model_path=model_path, tasks_file=tasks_file, generations_file=generations_path,
         generations_header=generations.header, device=resolved, verifier_cfg=cfg.verifier, outcome=outcome,
         input_issues=[*task_issues, *generations.issues], config_source=cfg.source, config=cfg,
+        generation_rows=generations.rows,
     )
     report["prompt"] = prompts.stats()
     report_path = outputs.eval_report(name)

@@ -24,6 +24,8 @@ class Generation:
     sample: int
     response: Optional[str]  # None when the row had no usable response (see ``problem``)
     problem: Optional[str] = None  # why the response cannot be verified (empty, not text)
+    new_tokens: Optional[int] = None  # the answer's length in tokens, when this project generated it
+    cut_off: Optional[bool] = None  # True: max_new_tokens ended the answer, not the model
 
 
 @dataclass
@@ -137,9 +139,17 @@ def read_generations(path: Path) -> GenerationsFile:
         elif not response.strip():
             problem = "empty response"
             response = None
-        result.rows.append(Generation(task_id=task_id, sample=sample, response=response, problem=problem))
+        new_tokens, cut_off = row.get("new_tokens"), row.get("cut_off")
+        if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or not isinstance(cut_off, bool):
+            new_tokens, cut_off = None, None
+        result.rows.append(Generation(task_id=task_id, sample=sample, response=response, problem=problem,
+                                      new_tokens=new_tokens, cut_off=cut_off))
     return result
 
 
-def generation_row(task: EvalTask, sample: int, response: str) -> dict[str, Any]:
-    return {"task_id": task.task_id, "sample": sample, "level": task.level, "name": task.name, "response": response}
+def generation_row(task: EvalTask, sample: int, response: str, *, new_tokens: Optional[int] = None,
+                   cut_off: Optional[bool] = None) -> dict[str, Any]:
+    row = {"task_id": task.task_id, "sample": sample, "level": task.level, "name": task.name, "response": response}
+    if new_tokens is not None:  # generated here (rows from elsewhere carry no lengths)
+        row["new_tokens"], row["cut_off"] = new_tokens, bool(cut_off)
+    return row

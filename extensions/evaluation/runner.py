@@ -163,7 +163,7 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
 
     from ..modeling import load_for_inference
     from ..prompts import build_messages
-    from ..sampling import SamplingParams, sample_completions
+    from ..sampling import SamplingParams, sample_answers
 
     model, tokenizer, _info = load_for_inference(model_path, model_cfg)
     try:
@@ -175,13 +175,13 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
                 top_p=settings.top_p, seed=_chunk_seed(settings.seed, chunk),
                 batch_size=settings.generation_batch_size, compile_step=settings.compile_decode,
             )
-            responses = sample_completions(
+            answers = sample_answers(
                 model, tokenizer, [messages[t.task_id] if messages else build_messages(t.code) for t in chunk],
                 settings.samples_per_task,
                 params, progress=False,
             )
-            rows = [generation_row(task, i, text) for task, texts in zip(chunk, responses)
-                    for i, text in enumerate(texts)]
+            rows = [generation_row(task, i, answer.text, new_tokens=answer.new_tokens, cut_off=answer.cut_off)
+                    for task, per_task in zip(chunk, answers) for i, answer in enumerate(per_task)]
             write_rows(path, None, rows, "a")
             bar.update(len(chunk))
         bar.close()
@@ -302,9 +302,26 @@ def timing_status(device: str, verifier_cfg, records: Sequence[TaskRecord]) -> t
     return False, "timing disabled (verifier.enable_calibrated_timing is false)"
 
 
+def answer_lengths(rows: Sequence[Any]) -> Optional[dict[str, Any]]:
+    """How long the generated answers were and how many ``max_new_tokens`` cut off, over the rows
+    that carry their length (rows from another tool's generations do not): None without such rows.
+    A cut-off answer usually fails extraction, so this tells a budget problem from a model one."""
+    lengths = sorted(row.new_tokens for row in rows if getattr(row, "new_tokens", None) is not None)
+    if not lengths:
+        return None
+    cut = sum(1 for row in rows if getattr(row, "new_tokens", None) is not None and row.cut_off)
+
+    def quantile(q: float) -> int:
+        return lengths[min(len(lengths) - 1, int(q * len(lengths)))]
+
+    return {"answers": len(lengths), "cut_off": cut, "new_tokens_median": quantile(0.5),
+            "new_tokens_p90": quantile(0.9), "new_tokens_max": lengths[-1]}
+
+
 def build_report(*, name: str, model_path: Optional[str], tasks_file: Path, generations_file: Path,
                  generations_header: Optional[dict], device: str, verifier_cfg, outcome: VerificationOutcome,
-                 input_issues: Sequence[str], config_source: Optional[str], config=None) -> dict[str, Any]:
+                 input_issues: Sequence[str], config_source: Optional[str], config=None,
+                 generation_rows: Sequence[Any] = ()) -> dict[str, Any]:
     """The evaluation report; ``config`` (the run's PipelineConfig) is stored in full with its fingerprints."""
     from ..config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
     from ..stage_freshness import file_sha256
@@ -329,6 +346,7 @@ def build_report(*, name: str, model_path: Optional[str], tasks_file: Path, gene
         "skipped_tasks": [asdict(s) for s in outcome.skipped_tasks],
         "skipped_rows": skipped_rows,
         "failed_samples_without_response": outcome.failed_samples,
+        "answer_lengths": answer_lengths(generation_rows),
         "tasks": [r.to_dict() for r in outcome.records],
     }
     report["complete"] = not report["skipped_tasks"] and not skipped_rows
