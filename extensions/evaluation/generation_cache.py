@@ -115,8 +115,13 @@ def _reusable_rows(path: Path, tasks: Sequence[EvalTask], identity: dict, sampli
     if changed:
         log(f"{path}: the code of {len(changed)} task(s) changed since they were generated "
             f"({', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}); generating them again")
-    return [{"task_id": r.task_id, "sample": r.sample, "response": r.response or ""}
-            for r in saved.rows if r.task_id in fitting]
+    def row(r) -> dict:
+        kept = {"task_id": r.task_id, "sample": r.sample, "response": r.response or ""}
+        if r.new_tokens is not None:  # the lengths travel with the answers they describe
+            kept.update(new_tokens=r.new_tokens, cut_off=r.cut_off)
+        return kept
+
+    return [row(r) for r in saved.rows if r.task_id in fitting]
 
 
 def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str, settings, log=print, *,
