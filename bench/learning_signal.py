@@ -132,7 +132,7 @@ def build_config(args, work: Path):
         f"data.kernelbook={args.sft_pairs}", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
         "data.kernelbench_levels=[1, 2]", "data.val_fraction=0.1", "data.rl_fraction=0.1",
         f"sft.max_steps={args.sft_steps}", "sft.per_device_batch_size=4", "sft.gradient_accumulation_steps=1",
-        "sft.max_seq_len=2048", "sft.gradient_checkpointing=false", f"sft.learning_rate={args.sft_lr:.6e}",
+        f"sft.max_seq_len={args.max_seq_len}", "sft.gradient_checkpointing=false", f"sft.learning_rate={args.sft_lr:.6e}",
         f"sft.save_every_steps={args.sft_steps}", f"sft.eval_every_steps={args.sft_steps}",
         f"rl.num_rounds={rounds}", f"rl.keep_last_rounds={rounds}", f"rl.tasks_per_round={args.rl_tasks}",
         f"rl.samples_per_task={args.samples}", "rl.top_k=2", f"rl.learning_rate={args.rl_lr:.6e}",
@@ -191,6 +191,43 @@ def prepare_data(cfg, split: dict) -> None:
             out.write(json.dumps(row) + "\n")
 
 
+def measured_budgets(cfg, work: Path) -> dict[str, int]:
+    """Token budgets read off the SFT pairs, so neither the sequence limit nor the answer budget is
+    a guess: ``sft.max_seq_len`` covers 99% of the pairs (prompt and answer; the rest are dropped
+    and counted by SFT), ``max_new_tokens`` 95% of the answers, each rounded up. Measured once and
+    kept in the work directory, so every phase of a resumed run uses the same numbers."""
+    saved = work / "budgets.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    from extensions.modeling import load_tokenizer
+    from extensions.paths import RunPaths
+    from extensions.training.batching import read_sft_jsonl
+
+    tokenizer = load_tokenizer(cfg.model)
+    pairs, _ = read_sft_jsonl(RunPaths.from_config(cfg).sft_train)
+    if not pairs:
+        raise SystemExit("budgets: no SFT pairs to measure; pass --max-new-tokens and --max-seq-len")
+    answers, totals = [], []
+    for prompt, completion in pairs:
+        prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        prompt_tokens = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+        answer_tokens = len(tokenizer(completion, add_special_tokens=False)["input_ids"]) + 1  # the end of turn
+        answers.append(answer_tokens)
+        totals.append(prompt_tokens + answer_tokens)
+
+    def covering(values: list[int], share: float, step: int) -> int:
+        ordered = sorted(values)
+        value = ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+        return -(-value // step) * step
+
+    budgets = {"max_new_tokens": covering(answers, 0.95, 128), "max_seq_len": covering(totals, 0.99, 512),
+               "pairs_measured": len(pairs)}
+    saved.write_text(json.dumps(budgets, indent=1))
+    print(f"[budgets] from {len(pairs)} SFT pairs: max_new_tokens {budgets['max_new_tokens']} (95% of answers), "
+          f"sft.max_seq_len {budgets['max_seq_len']} (99% of prompt + answer)")
+    return budgets
+
+
 def run_phase(phase: str, cfg, clock: PhaseClock) -> None:
     from extensions.paths import RunPaths
     from extensions.training.rl import run_rl
@@ -237,6 +274,7 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
         per_task = [100.0 * pass_at_k(len(t["samples"]), sum(bool(s["correct"]) for s in t["samples"]), k) for t in tasks]
         summary[f"pass@{k}"] = interval(per_task, resamples, 10 + k)
     summary["stages"] = report["metrics"].get("stage_counts")
+    summary["answer_lengths"] = report.get("answer_lengths")
     summary["skipped_tasks"] = report.get("skipped_tasks", [])
     return summary
 
@@ -277,6 +315,17 @@ def table(results: dict) -> str:
     lines = ["| model | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
     for name in results["model_order"]:
         lines.append(f"| {name} | " + " | ".join(fmt(results["models"][name].get(m)) for m in metrics) + " |")
+    lines += ["", "| model | stops at: extract / static / compile / tiny / full | answers cut off at max_new_tokens | "
+              "new tokens median / p90 / max |", "|---|---|---|---|"]
+    for name in results["model_order"]:
+        model = results["models"][name]
+        stages = model.get("stages") or {}
+        stops = " / ".join(str(stages.get(stage, 0)) for stage in ("none", "extract", "static", "compile", "tiny"))
+        lengths = model.get("answer_lengths")
+        cut = f"{lengths['cut_off']} of {lengths['answers']}" if lengths else "n/a"
+        sizes = (f"{lengths['new_tokens_median']} / {lengths['new_tokens_p90']} / {lengths['new_tokens_max']}"
+                 if lengths else "n/a")
+        lines.append(f"| {name} | {stops} | {cut} | {sizes} |")
     lines += ["", "| paired difference (pp) | metric | mean [95% CI] | significant |", "|---|---|---|---|"]
     for d in results["differences"]:
         ci = "n/a" if d["low"] is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
@@ -343,7 +392,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sft-steps", type=int, default=16)
     parser.add_argument("--sft-lr", type=float, default=1e-4)
     parser.add_argument("--rl-lr", type=float, default=5e-5)
-    parser.add_argument("--max-new-tokens", type=int, default=768)
+    parser.add_argument("--max-new-tokens", default="auto",
+                        help="answer budget in tokens, or 'auto': 95%% of the SFT pairs' answers fit")
+    parser.add_argument("--max-seq-len", default="auto",
+                        help="SFT sequence limit in tokens, or 'auto': 99%% of the SFT pairs fit")
     parser.add_argument("--batch-size", type=int, default=96, help="sequences decoded together")
     parser.add_argument("--timing-budget", type=float, default=1.0, help="verifier timing seconds per candidate")
     parser.add_argument("--decontamination-threshold", type=float, default=0.85)
@@ -357,7 +409,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.device, args.heldout_tasks, args.rl_tasks, args.samples, args.rl_rounds = "cpu", 2, 2, 2, 1
         args.sft_steps, args.max_new_tokens, args.batch_size = 1, 16, 4
         # The tiny tokenizer spends about three times the tokens of a real one on the same prompt.
-        args.set = ["model.dtype=float32", "verifier.multi_input_num_tests=1", "sft.max_seq_len=4096", *args.set]
+        args.max_seq_len = 4096
+        args.set = ["model.dtype=float32", "verifier.multi_input_num_tests=1", *args.set]
+    for name in ("max_new_tokens", "max_seq_len"):
+        value = getattr(args, name)
+        if value != "auto":
+            try:
+                setattr(args, name, int(value))
+            except ValueError:
+                parser.error(f"--{name.replace('_', '-')} takes a number of tokens or 'auto', not {value!r}")
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES}")
@@ -375,9 +435,17 @@ def main(argv=None) -> int:
 
         args.model = str(save_tiny_model(work / "tiny-model"))
     split = write_split(args, work)
+    measure = [name for name in ("max_new_tokens", "max_seq_len") if getattr(args, name) == "auto"]
+    for name in measure:  # a placeholder until the prepared pairs are measured
+        setattr(args, name, 2048)
     cfg, overrides = build_config(args, work)
     clock = PhaseClock(work / "phase_seconds.json")
     prepare_data(cfg, split)
+    if measure:
+        budgets = measured_budgets(cfg, work)
+        for name in measure:
+            setattr(args, name, budgets[name])
+        cfg, overrides = build_config(args, work)
     for phase in [p for p in PHASES if p in args.phases.split(",")]:
         print(f"==== {phase}", flush=True)
         if phase == "report":

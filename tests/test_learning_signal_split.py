@@ -39,3 +39,31 @@ def test_rl_problems_near_a_heldout_one_are_dropped_and_counted(learning_signal,
     assert pair & {p["name"] for p in heldout}
     assert not pair & {p["name"] for p in rl}
     assert any(d["rl"] in pair for d in split["dropped"]["rl_near_heldout"])
+
+
+def test_token_budgets_are_measured_from_the_sft_pairs(learning_signal, tmp_path):
+    """A run whose answers are longer than the answer budget loses them to the cut-off: the budgets
+    come from the pairs, kept once so every resumed phase uses the same ones."""
+    from extensions.config import load_config
+    from extensions.modeling import load_tokenizer
+    from extensions.paths import RunPaths
+    from extensions.training.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    cfg = load_config(learning_signal.Path(learning_signal.__file__).resolve().parent.parent / "configs" / "smoke.yaml",
+                      [f"run.root={tmp_path / 'run'}", f"model.name_or_path={model}", "model.gguf_file=null"])
+    paths = RunPaths.from_config(cfg)
+    paths.processed.mkdir(parents=True)
+    prompt = [{"role": "user", "content": "write relu"}]
+    short, long = "x = 1\n", "y = 2\n" * 400
+    rows = [{"prompt": prompt, "completion": short}] * 39 + [{"prompt": prompt, "completion": long}]
+    paths.sft_train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    budgets = learning_signal.measured_budgets(cfg, tmp_path)
+    tokenizer = load_tokenizer(cfg.model)
+    short_tokens = len(tokenizer(short, add_special_tokens=False)["input_ids"]) + 1
+    long_tokens = len(tokenizer(long, add_special_tokens=False)["input_ids"]) + 1
+    # 95% of the answers are the short one: the budget covers it, rounded up to 128, not the outlier.
+    assert budgets["max_new_tokens"] == -(-short_tokens // 128) * 128 < long_tokens
+    assert budgets["max_seq_len"] % 512 == 0 and budgets["pairs_measured"] == 40
+    paths.sft_train.write_text("")
+    assert learning_signal.measured_budgets(cfg, tmp_path) == budgets  # read back, not measured again
