@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from extensions.config import load_config
 from extensions.data.bundled import bundled_pairs
@@ -22,3 +23,12 @@ def test_cached_verdicts_are_reused_only_under_the_same_checks(tmp_path):
     other = verify_pairs([pair], dataclasses.replace(verifier, multi_input_num_tests=2), progress=False, cache=cache)
     assert not other[0].cached and other[0].correct
     assert len(cache.read_text().splitlines()) == 2
+
+
+def test_an_unwritable_cache_is_said_once_and_the_verdicts_still_come(capsys):
+    pair = normalise_row(next(row for row in bundled_pairs() if row["uuid"] == "bundled-add"))
+    verifier = load_config(None, ["verifier.device=cpu", "verifier.multi_input_num_tests=1"]).verifier
+    verdicts = verify_pairs([pair], verifier, progress=False, cache=Path("/sys/kernel-rl-no-cache/verdicts.jsonl"))
+    assert verdicts[0].correct and not verdicts[0].cached
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot be written" in line]
+    assert len(warnings) == 1 and "/sys/kernel-rl-no-cache/verdicts.jsonl" in warnings[0]

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -92,8 +93,10 @@ def _append_cache(path: Path, entries: dict[str, PairVerdict]) -> None:
                 row.pop("cached")
                 handle.write(json.dumps(row) + "\n")
             handle.flush()
-    except OSError:
-        pass  # an unwritable cache costs a re-verification next time, never the run
+    except OSError as exc:
+        # An unwritable cache costs a re-verification next time, never the run; said once.
+        print(f"warning: verdict cache {path} cannot be written ({exc.strerror or exc}); the next run verifies "
+              f"these {len(entries)} pair(s) again (set {CACHE_ENV} to a writable file)", file=sys.stderr, flush=True)
 
 
 def verify_pairs(pairs: Sequence[KernelBookPair], verifier_cfg: VerifierConfig, *, progress: bool = True,
