@@ -409,3 +409,15 @@ def test_module_aliases_and_attribute_chains_pass():
     assert policy.names_module("torch.nn.init.warnings")
     assert not policy.api_name_allowed("torch.nn.init.warnings")
     assert policy.api_name_allowed("torch.nn.init.kaiming_uniform_")
+
+
+def test_block_pointers_pass_the_static_check():
+    """tl.make_block_ptr and tl.advance are the kernel language's block-pointer API (a GEMM walks K
+    with advance); refusing advance was a false reject of such kernels."""
+    code = module("return y", prelude=(
+        "@triton.jit\ndef tile_kernel(x_ptr, n, BLOCK: tl.constexpr):\n"
+        "    ptr = tl.make_block_ptr(x_ptr, shape=(n,), strides=(1,), offsets=(0,), block_shape=(BLOCK,), order=(0,))\n"
+        "    ptr = tl.advance(ptr, (BLOCK,))\n"
+        "    tl.store(ptr, tl.load(ptr, boundary_check=(0,)), boundary_check=(0,))\n"))
+    report = static_check(code)
+    assert report.ok, report.errors

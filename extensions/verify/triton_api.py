@@ -9,8 +9,10 @@ TRITON_API = frozenset({
     "OutOfResources", "CompilationError",
 })
 # triton.language (tl.*) names: functions, dtypes and types of the kernel language (triton 3.x).
+# ``advance`` (block pointers) is exported by the triton of the GPU image (3.6) and not by newer
+# ones; listed, a kernel using it compiles where the name exists and fails to compile elsewhere.
 TRITON_LANGUAGE_API = frozenset("""
-    PropagateNan TRITON_MAX_TENSOR_NUMEL abs add aggregate_replace arange argmax argmin
+    PropagateNan TRITON_MAX_TENSOR_NUMEL abs add advance aggregate_replace arange argmax argmin
     associative_scan assume atomic_add atomic_and atomic_cas atomic_load atomic_max atomic_min
     atomic_or atomic_poll atomic_store atomic_xchg atomic_xor bfloat16 bitonic_merge block_type
     broadcast broadcast_to cast cat cdiv ceil clamp condition const constexpr constexpr_type cos
