@@ -167,7 +167,10 @@ class RLConfig:
     top_p: float = 0.95
     generation_batch_size: int = 64  # sequences decoded together
     cuda_graphs: bool = True  # replay each decode step as a CUDA graph (single-GPU models)
-    compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
+    # torch.compile the decode step on a GPU. Off by default: each compile takes about a minute and
+    # new prompt widths compile again, so three RL rounds took 125 s compiled against 28 s not
+    # (bench/results/decode_compile_rounds_h100.md); it pays off only over dozens of rounds.
+    compile_decode: bool = False
     verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
     keep_last_rounds: int = 3  # complete round-NNN checkpoints kept
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -284,7 +287,9 @@ class EvalConfig:
     max_new_tokens: int = 2048
     seed: int = 1234
     generation_batch_size: int = 64
-    compile_decode: bool = True  # torch.compile the decode step on a GPU (compiles once per shape)
+    # torch.compile the decode step on a GPU; off by default, as for rl (every evaluated model is a
+    # fresh load, so each would pay the minute of compiling again).
+    compile_decode: bool = False
     # Processes that generate, one per GPU; 0: one per visible GPU (1 when model.device_map is set).
     generation_workers: int = 0
     # Refinement turns per trajectory (evaluate.py --turns): turn t sees the task, its previous
