@@ -22,27 +22,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # rollout_throughput, beside this file
 
 
 def build_model(quick: bool, device: str):
-    import torch
+    """rollout_throughput's model (the Qwen2.5-0.5B shape, random weights) with LoRA on attention, as
+    RL trains it; and its vocabulary size."""
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if quick:
-        config = Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    else:  # the Qwen2.5-0.5B shape
-        config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                             tie_word_embeddings=True)
-    config.eos_token_id = None
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
-    model.generation_config.eos_token_id = None
+    from rollout_throughput import build_model as base_model
+
+    model = base_model(quick, device)
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], lora_dropout=0.0)
-    return get_peft_model(model, lora), config.vocab_size
+    return get_peft_model(model, lora), model.config.vocab_size
 
 
 def one_run(args) -> dict:

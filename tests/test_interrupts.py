@@ -82,30 +82,40 @@ for name, held in (("SIGUSR1", sig._save), ("SIGTERM", sig._stop), ("SIGINT", si
                                            "SIGINT True True SIGINT"], done.stdout
 
 
-def test_ctrl_c_during_sft_saves_a_checkpoint_and_exits_75(tmp_path, model_dir):
+def _interrupt_training(tmp_path, model_dir, stage: str, settings: str, started) -> tuple:
+    """Start ``train_integrated.py --stage STAGE`` on the tiny model with ``settings`` (YAML lines),
+    send one Ctrl-C once ``started(paths)`` holds, and return (process, stdout, stderr, paths)."""
     root = tmp_path / "run"
     paths = RunPaths(root)
     paths.processed.mkdir(parents=True)
     paths.sft_train.write_text("".join(json.dumps(r) + "\n" for r in tiny_sft_rows(8)))
+    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(2)))
     config = tmp_path / "run.yaml"
     config.write_text(f"""
 run: {{root: "{root}"}}
 model: {{name_or_path: "{model_dir}", dtype: float32}}
 lora: {{r: 4, alpha: 8}}
-sft: {{max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_steps: 1, per_device_batch_size: 2,
-       gradient_accumulation_steps: 1, max_seq_len: 2048, gradient_checkpointing: false}}
+{settings}
 """)
     proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config),
-                             "--stage", "sft", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=PROJECT_ROOT)
+                             "--stage", stage, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=PROJECT_ROOT, preexec_fn=_as_a_foreground_command)
     try:
-        _wait_for(lambda: paths.metrics_log("sft").is_file() and paths.metrics_log("sft").read_text().count("\n") >= 2,
-                  proc)
+        _wait_for(lambda: started(paths), proc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, out, err, paths
+
+
+def test_ctrl_c_during_sft_saves_a_checkpoint_and_exits_75(tmp_path, model_dir):
+    settings = """sft: {max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_steps: 1, per_device_batch_size: 2,
+       gradient_accumulation_steps: 1, max_seq_len: 2048, gradient_checkpointing: false}"""
+    proc, out, err, paths = _interrupt_training(
+        tmp_path, model_dir, "sft", settings,
+        lambda paths: paths.metrics_log("sft").is_file() and paths.metrics_log("sft").read_text().count("\n") >= 2)
     assert proc.returncode == EXIT_STOPPED, out + err
     assert "Ctrl-C: saving a checkpoint at the next step boundary" in err and "Traceback" not in err
     saved = checkpoints.newest_complete(paths.stage_dir("sft"))
@@ -117,34 +127,20 @@ sft: {{max_steps: 100000, save_every_steps: 0, eval_every_steps: 0, log_every_st
 def test_ctrl_c_during_rl_sampling_stops_at_the_next_decode_step(tmp_path, model_dir):
     """A batch that would decode 100,000 tokens: the first Ctrl-C stops it between two steps (exit
     75, nothing of the unfinished batch logged) instead of after the whole batch; the run resumes."""
-    root = tmp_path / "run"
-    paths = RunPaths(root)
-    paths.processed.mkdir(parents=True)
-    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(2)))
-    config = tmp_path / "run.yaml"
-    config.write_text(f"""
-run: {{root: "{root}"}}
-model: {{name_or_path: "{model_dir}", dtype: float32}}
-lora: {{r: 4, alpha: 8}}
-prompt: {{mode: plain}}
-rl: {{init: base, num_rounds: 1, tasks_per_round: 2, samples_per_task: 1, max_new_tokens: 100000,
-      generation_batch_size: 2, cuda_graphs: false}}
-""")
-    proc = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "train_integrated.py"), "--config", str(config),
-                             "--stage", "rl", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=PROJECT_ROOT, preexec_fn=_as_a_foreground_command)
-    log = paths.rl_candidates_log(1)
-    try:
-        _wait_for(log.is_file, proc)  # the round header is written just before sampling starts
+    settings = """prompt: {mode: plain}
+rl: {init: base, num_rounds: 1, tasks_per_round: 2, samples_per_task: 1, max_new_tokens: 100000,
+      generation_batch_size: 2, cuda_graphs: false}"""
+
+    def sampling(paths) -> bool:  # the round header is written just before sampling starts
+        if not paths.rl_candidates_log(1).is_file():
+            return False
         time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        return True
+
+    proc, out, err, paths = _interrupt_training(tmp_path, model_dir, "rl", settings, sampling)
     assert proc.returncode == EXIT_STOPPED, out + err
     assert "Traceback" not in err and "[rl] stopping on request (SIGINT)" in out
-    records = [json.loads(line) for line in log.read_text().splitlines()]
+    records = [json.loads(line) for line in paths.rl_candidates_log(1).read_text().splitlines()]
     assert [r["type"] for r in records] == ["round"]  # the batch was abandoned, not finished
     assert not paths.run_lock.exists()
 
