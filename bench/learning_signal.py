@@ -5,15 +5,17 @@ A fixed split of KernelBench level-1 and level-2 problems into RL-training tasks
 prompt's worked example, is dropped and counted), then the project's own stages on it:
 
     base     evaluate the base model on the held-out tasks
-    sft      LoRA SFT on what the data stage builds (bundled pairs, decontaminated against the
-             held-out tasks), then evaluate sft/final
+    sft      LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
+             pairs, verified and decontaminated against the held-out tasks), then evaluate sft/final
     rl       Best-of-N RL rounds on the RL-training tasks, then evaluate every round-NNN
     report   correct rate, fast_1 and pass@k per model with bootstrap 95% intervals over tasks,
              paired differences between consecutive models, a table and a plot of the held-out
              correct rate against the RL round
 
-Every phase is skipped when its result exists, so the same command continues after a time limit;
-each phase's wall-clock time is recorded. The split is saved with the results.
+The settings are configs/learning-signal.yaml, the run a user makes with `./run_pipeline.sh
+--config configs/learning-signal.yaml`; this script adds the split, the run directory, the flags
+given and the report. Every phase is skipped when its result exists, so the same command continues
+after a time limit; each phase's wall-clock time is recorded. The split is saved with the results.
 
     python bench/learning_signal.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl \\
         --work /tmp/ls --out outputs/learning_signal --phases base,sft
@@ -122,29 +124,37 @@ def write_split(args, work: Path) -> dict:
 
 
 # -- the config --------------------------------------------------------------------------------------
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "learning-signal.yaml"
+
+
 def build_config(args, work: Path):
+    """configs/learning-signal.yaml (the run a user makes with run_pipeline.sh) with this benchmark's
+    split and run directory, and the settings given on the command line."""
     from extensions.config import load_config
 
-    rounds = args.rl_rounds
     overrides = [
-        f"run.root={work / 'run'}", "run.run_id=learning-signal",
-        f"model.name_or_path={args.model}",
-        f"data.kernelbook={args.sft_pairs}", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
-        "data.kernelbench_levels=[1, 2]", "data.val_fraction=0.1", "data.rl_fraction=0.1",
-        f"sft.max_steps={args.sft_steps}", "sft.per_device_batch_size=4", "sft.gradient_accumulation_steps=1",
-        f"sft.max_seq_len={args.max_seq_len}", "sft.gradient_checkpointing=false", f"sft.learning_rate={args.sft_lr:.6e}",
-        f"sft.save_every_steps={args.sft_steps}", f"sft.eval_every_steps={args.sft_steps}",
-        f"rl.num_rounds={rounds}", f"rl.keep_last_rounds={rounds}", f"rl.tasks_per_round={args.rl_tasks}",
-        f"rl.samples_per_task={args.samples}", "rl.top_k=2", f"rl.learning_rate={args.rl_lr:.6e}",
-        f"rl.max_new_tokens={args.max_new_tokens}", "rl.temperature=0.8",
-        f"rl.generation_batch_size={args.batch_size}", "rl.per_device_batch_size=4", "rl.gradient_accumulation_steps=1",
-        "rl.curriculum.curriculum_start_p=0.5", "rl.curriculum.curriculum_end_p=0.5",
-        f"eval.samples_per_task={args.samples}", "eval.temperature=0.7", f"eval.max_new_tokens={args.max_new_tokens}",
-        f"eval.generation_batch_size={args.batch_size}", "eval.levels=[1, 2]",
-        f"verifier.device={args.device}", f"verifier.timing_budget_s={args.timing_budget:.6e}",
-        *args.set,
+        f"run.root={work / 'run'}", f"data.kernelbench={work / 'heldout_problems.jsonl'}",
+        "data.kernelbench_levels=[1, 2]", "eval.levels=[1, 2]", f"verifier.device={args.device}",
     ]
-    return load_config(Path(__file__).resolve().parent.parent / "configs" / "default.yaml", overrides), overrides
+    given = {
+        "model.name_or_path": args.model, "data.kernelbook": args.sft_pairs, "sft.max_steps": args.sft_steps,
+        "sft.learning_rate": args.sft_lr, "rl.learning_rate": args.rl_lr, "rl.num_rounds": args.rl_rounds,
+        "rl.samples_per_task": args.samples, "eval.samples_per_task": args.samples,
+        "rl.max_new_tokens": args.max_new_tokens, "eval.max_new_tokens": args.max_new_tokens,
+        "sft.max_seq_len": args.max_seq_len, "rl.generation_batch_size": args.batch_size,
+        "eval.generation_batch_size": args.batch_size, "verifier.timing_budget_s": args.timing_budget,
+    }
+    overrides += [f"{key}={value}" for key, value in given.items() if value is not None]
+    if args.sft_steps is not None:  # one checkpoint and one validation, at the end
+        overrides += [f"sft.save_every_steps={args.sft_steps}", f"sft.eval_every_steps={args.sft_steps}"]
+    if args.rl_rounds is not None:
+        overrides.append(f"rl.keep_last_rounds={args.rl_rounds}")
+    overrides += args.set
+    cfg = load_config(CONFIG, overrides)
+    # Every RL task of the split is offered each round unless the config or a --set says fewer.
+    if not any(item.startswith("rl.tasks_per_round=") for item in args.set):
+        cfg = load_config(CONFIG, [*overrides, f"rl.tasks_per_round={min(cfg.rl.tasks_per_round, args.rl_tasks)}"])
+    return cfg, overrides
 
 
 # -- phases ------------------------------------------------------------------------------------------
@@ -380,24 +390,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work", required=True, help="run directory (checkpoints, generations, reports)")
     parser.add_argument("--out", default="outputs/learning_signal", help="where the results JSON, table and plot go")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
-    parser.add_argument("--model", default="fetch:qwen2.5-coder-0.5b")
-    parser.add_argument("--sft-pairs", default="bundled",
-                        help="SFT pairs: 'bundled', or a KernelBook-format JSONL such as the synthesizer's "
-                             "(bench/results/synthesized_pairs_h100.jsonl.gz); every pair is verified "
-                             "by the data stage and decontaminated against the held-out split")
+    parser.add_argument("--model", help="model.name_or_path (default: the config's)")
+    parser.add_argument("--sft-pairs",
+                        help="SFT pairs: 'bundled', or a KernelBook-format JSONL (default: the config's, the "
+                             "synthesizer's bench/results/synthesized_pairs_h100.jsonl.gz); every pair is "
+                             "verified by the data stage and decontaminated against the held-out split")
     parser.add_argument("--heldout-tasks", type=int, default=24)
     parser.add_argument("--rl-tasks", type=int, default=24)
-    parser.add_argument("--samples", type=int, default=4, help="samples per task in RL and evaluation")
-    parser.add_argument("--rl-rounds", type=int, default=2)
-    parser.add_argument("--sft-steps", type=int, default=16)
-    parser.add_argument("--sft-lr", type=float, default=1e-4)
-    parser.add_argument("--rl-lr", type=float, default=5e-5)
+    parser.add_argument("--samples", type=int, help="samples per task in RL and evaluation (default: the config's)")
+    parser.add_argument("--rl-rounds", type=int, help="default: the config's rl.num_rounds")
+    parser.add_argument("--sft-steps", type=int, help="default: the config's sft.max_steps")
+    parser.add_argument("--sft-lr", type=float, help="default: the config's sft.learning_rate")
+    parser.add_argument("--rl-lr", type=float, help="default: the config's rl.learning_rate")
     parser.add_argument("--max-new-tokens", default="auto",
                         help="answer budget in tokens, or 'auto': 95%% of the SFT pairs' answers fit")
     parser.add_argument("--max-seq-len", default="auto",
                         help="SFT sequence limit in tokens, or 'auto': 99%% of the SFT pairs fit")
-    parser.add_argument("--batch-size", type=int, default=96, help="sequences decoded together")
-    parser.add_argument("--timing-budget", type=float, default=1.0, help="verifier timing seconds per candidate")
+    parser.add_argument("--batch-size", type=int, help="sequences decoded together (default: the config's)")
+    parser.add_argument("--timing-budget", type=float, help="verifier timing seconds per candidate (default: the config's)")
     parser.add_argument("--decontamination-threshold", type=float, default=0.85)
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -408,6 +418,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.device, args.heldout_tasks, args.rl_tasks, args.samples, args.rl_rounds = "cpu", 2, 2, 2, 1
         args.sft_steps, args.max_new_tokens, args.batch_size = 1, 16, 4
+        args.sft_pairs = args.sft_pairs or "bundled"  # the interpreter would take long over the synthesized pairs
         # The tiny tokenizer spends about three times the tokens of a real one on the same prompt.
         args.max_seq_len = 4096
         args.set = ["model.dtype=float32", "verifier.multi_input_num_tests=1", *args.set]

@@ -67,3 +67,21 @@ def test_token_budgets_are_measured_from_the_sft_pairs(learning_signal, tmp_path
     assert budgets["max_seq_len"] % 512 == 0 and budgets["pairs_measured"] == 40
     paths.sft_train.write_text("")
     assert learning_signal.measured_budgets(cfg, tmp_path) == budgets  # read back, not measured again
+
+
+def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp_path):
+    """The benchmark's own code end to end on a CPU (tiny model, 2 + 2 tasks): split, data stage,
+    base, SFT, one RL round, report; results resume-safe in the work directory."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "bench/learning_signal.py", "--quick", "--kernelbench", str(kernelbench_jsonl),
+                           "--work", str(tmp_path / "work"), "--out", str(out)],
+                          cwd=project_root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((out / "learning_signal.json").read_text())
+    assert results["model_order"] == ["base", "sft", "rl_round_1"]
+    assert all(results["models"][name]["correct_rate"]["tasks"] == 2 for name in results["model_order"])
+    assert "stops at" in (out / "learning_signal.md").read_text() and (out / "learning_signal.png").is_file()
+    assert set(json.loads((tmp_path / "work" / "phase_seconds.json").read_text())) == {"base", "sft", "rl"}
