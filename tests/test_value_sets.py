@@ -109,13 +109,21 @@ def test_without_an_fp64_reference_scale_up_keeps_one_factor():
                for note in builder.skipped), builder.skipped
 
 
-def test_a_set_the_reference_rejects_with_zeros_is_kept_without_them():
+def test_a_division_by_exact_zeros_is_kept_and_judged_by_position():
+    """A division by an input: exact zeros make inf, in fp64 too, so the set keeps its zeros and a
+    kernel must give inf exactly there (one that guards the division with 0 fails)."""
+    from extensions.verify.compare import compare_outputs
+
     builder = _built(DIVIDED)
-    assert "signed" in [s["name"] for s in builder.sets]  # a division by an input: zeros make inf
+    assert "signed" in [s["name"] for s in builder.sets]
     numerator, denominator = _inputs(builder, "signed")
-    assert not (denominator == 0).any()
-    assert any(note.startswith("signed: without exact zeros") for note in builder.skipped), builder.skipped
-    assert torch.isfinite(numerator).all()
+    assert (denominator == 0).any() and torch.isfinite(numerator).all()
+    assert not any(note.startswith("signed:") for note in builder.skipped), builder.skipped
+    expected = numerator / denominator
+    assert torch.isinf(expected).any()
+    guarded = torch.where(denominator == 0, torch.zeros_like(expected), expected)
+    assert compare_outputs(numerator / denominator, expected, VerifierConfig()) is None
+    assert compare_outputs(guarded, expected, VerifierConfig()) is not None
 
 
 # A long sum of zero-mean products: outputs near zero are ~1e-4 off in another order of summation.
@@ -237,3 +245,35 @@ def test_a_tensor_with_one_long_axis_is_shifted_whole():
         "[torch.rand(rows, cols), 3.14]", "[torch.rand(1, rows * cols)]")
     (shifted,) = _inputs(_built(vector), "shift")
     assert shifted.max() <= -150, float(shifted.max())
+
+
+LOGARITHM = SCALED.replace("def forward(self, A, s):\n        return A * s", "def forward(self, A):\n        return torch.log(A)") \
+    .replace("[torch.rand(rows, cols), 3.14]", "[torch.rand(rows, cols) + 0.5]")
+
+
+def test_sets_whose_nan_is_the_functions_own_are_kept_and_compared_by_position():
+    """log of a negative number is NaN in fp64 too: the sets with negatives are kept, so a kernel
+    that returns log|x| (right on the problem's own positive inputs) is caught; before, every set
+    with a NaN was skipped and only the base set ran."""
+    from extensions.verify.compare import compare_outputs
+
+    builder = _built(LOGARITHM)
+    names = [s["name"] for s in builder.sets]
+    assert "signed" in names and "shift" in names, (names, builder.skipped)
+    assert not [reason for reason in builder.skipped if "not finite" in reason], builder.skipped
+    (signed,) = _inputs(builder, "signed")
+    expected = torch.log(signed)
+    assert torch.isnan(expected).any()
+    tolerance = VerifierConfig()
+    assert compare_outputs(torch.log(signed), expected, tolerance) is None  # a correct log: NaN in the same places
+    assert compare_outputs(torch.log(signed.abs()), expected, tolerance) is not None  # log|x|: finite where NaN
+
+
+def test_a_set_whose_fp32_reference_overflows_is_skipped_and_said():
+    """exp of x * 100 overflows fp32 where fp64 stays finite: that set's infinities are the
+    reference's precision, not the function, so it is skipped, with the reason."""
+    source = SCALED.replace("return A * s", "return torch.exp(A * s)").replace("3.14]", "1.0]")
+    builder = _built(source)
+    overflowed = [reason for reason in builder.skipped if "fp32 overflow" in reason]
+    assert overflowed, builder.skipped
+    assert not any(s["name"] == overflowed[0].split(":", 1)[0] for s in builder.sets)

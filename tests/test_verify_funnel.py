@@ -699,3 +699,19 @@ def test_cuda_inputs_own_their_storage_and_work_as_fresh_tensors():
         doubled_again = pa * 2.0
     torch.cuda.synchronize()
     assert torch.equal(out.cpu(), 2.0 * a) and torch.equal(doubled_again.cpu(), 2.0 * a)
+
+
+def test_a_value_set_the_reference_cannot_answer_is_flagged(config):
+    """A reference that refuses negative inputs leaves the sets with negatives out: the verdict
+    still holds on the sets that ran and says, in its flags, that some did not."""
+    refusing = AFFINE_PROBLEM.replace("def forward(self, x):",
+                                      "def forward(self, x):\n        assert bool((x >= 0).all()), 'negative input'") \
+        .replace("torch.randn(", "torch.rand(")
+    assert refusing != AFFINE_PROBLEM and "assert bool" in refusing
+    result = verify_candidate(refusing, affine_candidate(), config, label="refusing")
+    assert result.correct, result.error
+    assert "value_sets_skipped" in result.flags and result.reward > 0
+    assert any("reference failed" in reason for reason in result.details["skipped_input_sets"])
+    plain = verify_candidate(AFFINE_PROBLEM.replace("torch.randn(", "torch.rand("), affine_candidate(), config,
+                             label="plain")
+    assert plain.correct and "value_sets_skipped" not in plain.flags

@@ -17,7 +17,9 @@ element times one factor), then whole lines along every axis negative (a few at 
 some far from zero; where the fp32 reference is not exact with them, every element), then small; exact zeros in some places
 and the problem's Python float inputs varied, with parameters drawn per batch) and one ``wide``
 set whose non-batch sizes exceed the problem's own (and, on CPU, whose elements exceed the cap).
-A variation whose reference fails or turns non-finite is skipped and reported.
+A variation whose reference fails, or turns non-finite where its fp64 run does not (overflow), is
+skipped and reported; non-finite values the fp64 run shares (masking, log of zero) are compared by
+position.
 """
 from __future__ import annotations
 
@@ -244,6 +246,29 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
+# The reasons of a skipped set that mean the reference had no answer there (the set's checks did
+# not run), as opposed to a variation the problem has no room for (no size constant to vary).
+REFERENCE_SKIP_MARKERS = (": reference failed", ": reference output not finite")
+
+
+def _same_non_finite(value: Any, wide: Any) -> bool:
+    """Whether ``wide`` (the fp64 run, not cast back) is NaN, +inf and -inf exactly where the
+    floating-point tensors of ``value`` are, with the same nesting."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if not isinstance(wide, torch.Tensor) or wide.shape != value.shape:
+            return False
+        if not value.is_floating_point():
+            return True
+        wide = wide.to(value.device)
+        return all(torch.equal(test(value), test(wide)) for test in (torch.isnan, torch.isposinf, torch.isneginf))
+    if isinstance(value, (list, tuple)):
+        return (isinstance(wide, (list, tuple)) and len(wide) == len(value)
+                and all(_same_non_finite(v, w) for v, w in zip(value, wide)))
+    return True
+
+
 def _rms(value: Any) -> float:
     """Root-mean-square over every floating-point element of an output (tensor or nested tuple)."""
     import torch
@@ -414,8 +439,10 @@ class ReferenceBuilder:
             self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             return False
         if not _all_finite(out) and kind != "base":
-            self.skipped.append(f"{name}: reference output not finite")
-            return False
+            why = self._overflowed(init_index, inputs, out)
+            if why:
+                self.skipped.append(f"{name}: reference output not finite ({why})")
+                return False
         index = len(self.sets)
         # fp32 rounding error grows with the magnitudes involved: on a set whose values the
         # verifier changed, atol grows with the reference output against the base set's (never
@@ -605,6 +632,20 @@ class ReferenceBuilder:
 
         slack = map_tensors(out, slack_of)
         return slack if flatten_tensors(slack) else None
+
+    def _overflowed(self, init_index: int, inputs: list, out: Any) -> str:
+        """Why the non-finite values of the fp32 reference output ``out`` are not the function's own
+        (fp32 overflow or a precision accident, which a correct kernel need not repeat), or ''.
+
+        A masked softmax's -inf, a log of zero or of a negative number are non-finite in fp64 at the
+        same places: such a set is kept and compared by position (``compare``: NaN, +inf and -inf
+        exactly where the reference has them). Skipping it instead left masked problems with the
+        base set only, where kernels that overflow or assume a row length passed."""
+        try:
+            wide = self._fp64(init_index, inputs)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: nothing to tell them apart by
+            return f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+        return "" if _same_non_finite(out, wide) else "fp32 overflow: the fp64 run differs in where it is not finite"
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
         """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against

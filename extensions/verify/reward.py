@@ -51,6 +51,8 @@ ADVISORY_FLAGS = frozenset({
     "timing_budget_cut", "event_wall_mismatch", "memoization_suspected", "single_input_set",
     # CPU: no input set at the problem's own size ran (the verdict holds at the sizes run)
     "reduced_size",
+    # a value set was left out because the reference failed or overflowed on it
+    "value_sets_skipped",
 })
 
 
