@@ -17,7 +17,6 @@ from .phases import PhaseClock
 from .privileges import verifier_undumpable
 from .redact import redact_line
 from .reference_data import PreparedProblem, ProblemPreparer, draw_secret
-from .reference_worker import REFERENCE_SKIP_MARKERS
 from .result import STAGES, VerifyResult
 from .reward import CHEATING_FLAGS, compute_reward, is_cheating
 from .sandbox import isolation_warnings
@@ -57,10 +56,10 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     result.warnings.extend(isolation_warnings(isolation))
     if prepared.skipped:
         result.details["skipped_input_sets"] = prepared.skipped
-        # A value set the reference could not give an answer on is a check that did not run: said
-        # in the flags, not only in the details (the verdict holds on the sets that ran).
-        if any(marker in reason for reason in prepared.skipped for marker in REFERENCE_SKIP_MARKERS):
-            add_flags(result, ["value_sets_skipped"])
+    if prepared.unanswered:
+        # A set the reference could not give an answer on is a check that did not run: said in the
+        # flags, not only in the details (the verdict holds on the sets that ran).
+        add_flags(result, ["value_sets_skipped"])
     result.details["input_sets"] = [s["name"] for s in prepared.sets]
     own_launcher = launcher is None
     if own_launcher:

@@ -79,6 +79,7 @@ class PreparedProblem:
     inputs: dict = field(default_factory=dict)  # in memory only: handed out one set at a time
     expected: dict = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)  # sets left out: the reference failed or overflowed
     notes: list[str] = field(default_factory=list)
     shrunk: bool = False  # the base sizes are below the problem's own (the element cap)
     problem_numel: int = 0  # the elements of the problem's own inputs (0: not measured)
@@ -156,7 +157,7 @@ class ProblemPreparer:
             True, directory=job_dir, source=data["problem_source"], init=data["init"],
             inits=data.get("inits") or [data["init"]], sets=data["sets"],
             inputs=inputs, expected=expected,
-            skipped=data["skipped"], notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
+            skipped=data["skipped"], unanswered=list(data.get("unanswered") or []), notes=data["notes"], shrunk=bool(data.get("shrunk")), seconds=seconds,
             problem_numel=int(data.get("problem_numel") or 0),
             phases=phases,
             param_seed=int(secret["param_seed"]), param_keys=list(data["param_keys"]),

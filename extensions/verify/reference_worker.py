@@ -246,11 +246,6 @@ def _all_finite(value: Any) -> bool:
     return True
 
 
-# The reasons of a skipped set that mean the reference had no answer there (the set's checks did
-# not run), as opposed to a variation the problem has no room for (no size constant to vary).
-REFERENCE_SKIP_MARKERS = (": reference failed", ": reference output not finite")
-
-
 def _same_non_finite(value: Any, wide: Any) -> bool:
     """Whether ``wide`` (the fp64 run, not cast back) is NaN, +inf and -inf exactly where the
     floating-point tensors of ``value`` are, with the same nesting."""
@@ -366,6 +361,8 @@ class ReferenceBuilder:
         self.base_output_rms = 0.0
         self.base_input_rms = 0.0
         self.skipped: list[str] = []
+        # Sets the reference failed or overflowed on (a retry under the same name may still add them)
+        self.refused: set[str] = set()
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -437,11 +434,13 @@ class ReferenceBuilder:
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
             self.skipped.append(f"{name}: reference failed ({type(exc).__name__}: {str(exc)[:100]})")
+            self.refused.add(name)
             return False
         if not _all_finite(out) and kind != "base":
             why = self._overflowed(init_index, inputs, out)
             if why:
                 self.skipped.append(f"{name}: reference output not finite ({why})")
+                self.refused.add(name)
                 return False
         index = len(self.sets)
         # fp32 rounding error grows with the magnitudes involved: on a set whose values the
@@ -468,6 +467,12 @@ class ReferenceBuilder:
         if slack is not None:
             self.sets[-1]["slack"] = pack(slack, f"s{index}.slack", self.expected)
         return True
+
+    @property
+    def unanswered(self) -> list[str]:
+        """The sets left out because the reference had no answer on them: their checks did not run
+        (a variation the problem has no room for, or a fallback that ran instead, is not one)."""
+        return sorted(self.refused - {s["name"] for s in self.sets})
 
     def _growth(self, inputs: list, out: Any) -> float:
         if self.base_output_rms:
@@ -846,6 +851,7 @@ def run(job_dir: str, secret: dict, started: float) -> None:
     prepared = {
         "problem_source": builder.base_source, "constants": builder.values, "notes": builder.notes,
         "init": init_specs[0], "inits": init_specs, "sets": builder.sets, "skipped": builder.skipped,
+        "unanswered": builder.unanswered,
         "param_keys": builder.param_keys,
         "model_bytes": builder.model_bytes(),
         "shrunk": builder.values != builder.original_values,
