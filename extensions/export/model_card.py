@@ -227,7 +227,7 @@ def training_lines(meta: dict, paths: Optional[RunPaths]) -> list[str]:
                      + ", ".join(f"`{m}`" for m in lora.get("target_modules") or []) + ".")
     if meta.get("stage_fingerprint"):
         lines.append(f"- Settings fingerprint (the keys that decide this stage): `{meta['stage_fingerprint']}`; "
-                     "the full resolved config is `config.yaml` beside the weights.")
+                     "the full resolved config is the run checkpoint's `config.yaml`.")
     return lines
 
 
@@ -347,9 +347,15 @@ def build_model_card(adapter_dir: Path, *, paths: Optional[RunPaths], repo_id: O
         *evaluation_lines(paths.compare_json if paths else None, adapter_content_hash(adapter_dir)), "",
         "## How to use", "", *usage_lines(base, repo_id, merged), "",
         "## Files", "",
-        "`meta.json` records how this model was made (the resolved config with its fingerprints, the content "
-        "hashes of the data it read) and `manifest.json` the size and sha256 of every file"
-        + ("." if merged else "; the optimizer and RNG state are those at the end of training."),
+        ("`meta.json` records how this model was made (the resolved config with its fingerprints, the content "
+         "hashes of the data it read) and `manifest.json` the size and sha256 of every file."
+         if merged else
+         # extensions.export.hub leaves the run's records and the resume state out of a published adapter.
+         "The adapter (`adapter_config.json`, `adapter_model.safetensors`), the tokenizer and this card. The "
+         "run's checkpoint also holds `meta.json` (how the adapter was made: the resolved config with its "
+         "fingerprints, the content hashes of the data it read), `manifest.json` (size and sha256 of every "
+         "file) and the optimizer and RNG state at the end of training; a copy published to the hub leaves "
+         "those out."),
     ]
     front = yaml.safe_dump(header, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return f"---\n{front}---\n\n" + "\n".join(body) + "\n"
