@@ -151,9 +151,10 @@ def build_config(args, work: Path):
         overrides.append(f"rl.keep_last_rounds={args.rl_rounds}")
     overrides += args.set
     cfg = load_config(CONFIG, overrides)
-    # Every RL task of the split is offered each round unless the config or a --set says fewer.
-    if not any(item.startswith("rl.tasks_per_round=") for item in args.set):
-        cfg = load_config(CONFIG, [*overrides, f"rl.tasks_per_round={min(cfg.rl.tasks_per_round, args.rl_tasks)}"])
+    # A round offers no more tasks than the split has for RL (the config's count, or a --set, when fewer).
+    if cfg.rl.tasks_per_round > args.rl_tasks and not any(item.startswith("rl.tasks_per_round=") for item in args.set):
+        overrides.append(f"rl.tasks_per_round={args.rl_tasks}")
+        cfg = load_config(CONFIG, overrides)
     return cfg, overrides
 
 
