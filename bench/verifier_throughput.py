@@ -8,6 +8,14 @@ wrong kernels, correct kernels and duplicates of them (as raw markdown responses
 
     python bench/verifier_throughput.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl
     python bench/verifier_throughput.py --kernelbench PATH --device cpu --copies 1 --set verifier.multi_input_num_tests=2
+    python bench/verifier_throughput.py --kernelbench PATH --shape pairs --slots 2,4,8,16 --limit 96
+
+Three batch shapes (``--shape``): ``mixed`` (RL-like: a few problems, several answers each, mostly
+wrong, with duplicates), ``fixtures`` (evaluation-like: many problems, each with its correct
+solution and the wrong kernels written for it, from tests/fixtures/candidates) and ``pairs``
+(data-like: the synthesizer's verified pairs, each its own problem with one correct candidate,
+timing off as the data stage runs it). ``--slots`` runs the verifier at several worker-slot counts,
+each against the fresh-process baseline at the same process count where ``--baseline-slots`` names it.
 
 Prints one markdown table with the same batch judged several ways (``--modes``): the verifier with its fork servers
 (the default: one sandboxed server per worker slot imports torch and Triton once and forks a fresh
@@ -21,7 +29,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
+import random
+import re
 import os
 import subprocess
 import sys
@@ -203,6 +214,61 @@ def build_batch(problems: dict[int, str], copies: int) -> list[tuple[str, str, s
     return batch
 
 
+_FIXTURE_HEADER = re.compile(r"^#\s*kernelbench:\s*level=(\d+)\s+problem_id=(\d+)\s", re.M)
+
+
+def fixture_batch(kernelbench: str, config, device: str) -> list[tuple[str, str, str]]:
+    """Evaluation-like: every correct KernelBench solution among the test fixtures and every wrong
+    kernel written for one of those problems (many problems, one or few correct answers each)."""
+    folder = PROJECT_ROOT / "tests" / "fixtures" / "candidates"
+    files = []
+    for kind in ("kernelbench", "wrong"):
+        for path in sorted((folder / kind).glob("*.py")):
+            text = path.read_text()
+            header = _FIXTURE_HEADER.search("\n".join(text.splitlines()[:6]))
+            if header:
+                files.append((f"{kind}/{path.stem}", (int(header.group(1)), int(header.group(2))), text))
+    wanted = {key for _, key, _ in files}
+    problems = {}
+    with open(kernelbench) as fh:
+        for line in fh:
+            row = json.loads(line)
+            key = (row.get("level"), row.get("problem_id"))
+            if key in wanted:
+                problems[key] = shrunk_source(row["code"], config, device)
+    return [(label, problems[key], text) for label, key, text in files if key in problems]
+
+
+def pair_batch(path: str) -> list[tuple[str, str, str]]:
+    """Data-like: each synthesized pair's task with its own solution, as the data stage judges it."""
+    from extensions.data.kernelbook import normalise_row
+    from extensions.data.rejections import RowRejected
+
+    opener = gzip.open if path.endswith(".gz") else open
+    batch = []
+    with opener(path, "rt") as fh:
+        for line in fh:
+            try:
+                pair = normalise_row(json.loads(line))
+            except RowRejected:
+                continue
+            batch.append((pair.uuid, pair.task_code, pair.solution_code))
+    return batch
+
+
+def longest_silence(results, candidates: int) -> tuple[float, float]:
+    """The longest stretch (s) without a verdict while candidates were still waiting, and when it
+    began, counted from the moment the batch's workers started. Candidates answered without a
+    worker (cached, duplicates, static rejects) are answered at once and do not count."""
+    ends = sorted(r.details["batch_span_s"][1] for r in results if not r.cached and "batch_span_s" in r.details)
+    longest, began, previous = 0.0, 0.0, 0.0
+    for end in ends:
+        if end - previous > longest:
+            longest, began = end - previous, previous
+        previous = end
+    return longest, began
+
+
 VERIFIER_MODES = {  # key: (row label, fork_server, prebuilt_triton_cache)
     "fork": ("verify_batch, fork server per slot (one fork per candidate)", True, True),
     "fork-nocache": ("verify_batch, fork server per slot, no pre-built Triton cache", True, False),
@@ -284,7 +350,8 @@ def timed_close():
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ["mode", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct"]
+    head = ["mode", "slots", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct",
+            "correct/min", "longest silence s", "reference s max"]
     if any("vs fresh process" in row for row in rows):
         head.append("vs fresh process")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -299,10 +366,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kernelbench", required=False, help="KernelBench JSONL (level, problem_id, code)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--shape", choices=("mixed", "fixtures", "pairs"), default="mixed",
+                        help="mixed: RL-like; fixtures: evaluation-like; pairs: data-like, timing off")
+    parser.add_argument("--pairs", default=str(PROJECT_ROOT / "bench/results/synthesized_pairs_h100.jsonl.gz"),
+                        help="KernelBook-format JSONL(.gz) of verified pairs (--shape pairs)")
+    parser.add_argument("--limit", type=int, default=0, help="judge at most this many candidates (0: all)")
     parser.add_argument("--problems", default=",".join(str(p) for p in ELEMENTWISE),
-                        help=f"level-1 problem ids among {sorted(ELEMENTWISE)}")
+                        help=f"level-1 problem ids among {sorted(ELEMENTWISE)} (--shape mixed)")
     parser.add_argument("--copies", type=int, default=2, help="repeat the mixed batch (more duplicates)")
     parser.add_argument("--workers", type=int, default=0, help="parallel workers for both sides (0: default)")
+    parser.add_argument("--slots", default="",
+                        help="comma-separated worker-slot counts to run the verifier at (default: --workers)")
+    parser.add_argument("--baseline-slots", default="",
+                        help="slot counts at which the fresh-process baseline also runs (default: the largest)")
+    parser.add_argument("--timing", choices=("auto", "on", "off"), default="auto",
+                        help="calibrated timing of correct kernels (auto: off for --shape pairs)")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--modes", default="fork,fresh",
                         help="verifier paths to time, in order: fork (fork servers), fork-nocache (fork servers, "
@@ -313,7 +391,7 @@ def main() -> None:
     if args.baseline_worker:
         baseline_worker(args.baseline_worker)
         return
-    if not args.kernelbench:
+    if not args.kernelbench and args.shape != "pairs":
         parser.error("--kernelbench is required")
 
     from extensions.verify import summarize_results, verify_batch, VerifyRequest
@@ -321,59 +399,87 @@ def main() -> None:
     config = config_from_args(args).verifier
     if args.workers:
         config.workers = args.workers
-    ids = [int(p) for p in args.problems.split(",") if p.strip()]
-    unknown = sorted(set(ids) - set(ELEMENTWISE))
-    if unknown:
-        parser.error(f"no candidates written for problems {unknown}; choose among {sorted(ELEMENTWISE)}")
-    problems = {pid: shrunk_source(code, config, args.device)
-                for pid, code in load_problems(args.kernelbench, ids).items()}
-    batch = build_batch(problems, args.copies)
-    workers = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
+    if args.timing != "auto" or args.shape == "pairs":
+        config.enable_calibrated_timing = args.timing == "on"
+    if args.shape == "mixed":
+        ids = [int(p) for p in args.problems.split(",") if p.strip()]
+        unknown = sorted(set(ids) - set(ELEMENTWISE))
+        if unknown:
+            parser.error(f"no candidates written for problems {unknown}; choose among {sorted(ELEMENTWISE)}")
+        problems = {pid: shrunk_source(code, config, args.device)
+                    for pid, code in load_problems(args.kernelbench, ids).items()}
+        batch = build_batch(problems, args.copies)
+    elif args.shape == "fixtures":
+        batch = fixture_batch(args.kernelbench, config, args.device)
+    else:
+        batch = pair_batch(args.pairs)
+    if args.limit and len(batch) > args.limit:
+        batch = random.Random(0).sample(batch, args.limit)
+    default_slots = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
+    slot_counts = [int(n) for n in args.slots.split(",") if n.strip()] or [default_slots]
+    baseline_at = {int(n) for n in args.baseline_slots.split(",") if n.strip()} or {max(slot_counts)}
+    print(f"shape {args.shape}: {len(batch)} candidates over {len({p for _, p, _ in batch})} problems; "
+          f"timing {'on' if config.enable_calibrated_timing else 'off'}; slots {slot_counts}", file=sys.stderr, flush=True)
 
     # The first import of torch on a fresh machine reads its libraries from disk; whichever side
     # ran first would pay for it. Both start from the same warm file cache instead.
     subprocess.run([sys.executable, "-c", "import torch, triton, torch._inductor.config"], check=False)
     rows, breakdowns, timelines, ends = [], {}, {}, {}
-    for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        if key not in VERIFIER_MODES:
-            parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
-        mode, fork_server, prebuilt_cache = VERIFIER_MODES[key]
-        config.fork_server, config.prebuilt_triton_cache = fork_server, prebuilt_cache
-        started = time.monotonic()
-        with timed_close() as closing:
-            results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
-                                   device=args.device, progress=True)
-        wall = time.monotonic() - started
-        last_end = max((r.details["batch_span_s"][1] for r in results if "batch_span_s" in r.details), default=None)
-        if closing:
-            created, began, ended = (t - started for t in closing[0])
-            ends[key] = (f"{key}: workers started {created:.1f}s after the call, last verdict at {created + last_end:.1f}s, "
-                         f"closing the workers from {began:.1f}s to {ended:.1f}s, returned at {wall:.1f}s")
-        summary = summarize_results(results)
-        breakdowns[key] = phase_breakdown(results)
-        timelines[key] = timeline_table(results)
-        rows.append({
-            "mode": mode, "device": args.device, "candidates": len(batch),
-            "processes": summary["per_stage_reached"]["static"] - summary["cached"],
-            "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
-            "correct": summary["correct"], "isolation": results[-1].isolation if results else "-",
-        })
-        print(f"done: {json.dumps(rows[-1])}\n{phase_table({key: breakdowns[key]})}", file=sys.stderr, flush=True)
-    if not args.skip_baseline:
-        started = time.monotonic()
-        verdicts = run_baseline(batch, args.device, workers, config.timeout_s)
-        baseline_s = time.monotonic() - started
-        rows.append({
-            "mode": "fresh process per candidate (KernelBench-style, no sandbox)", "device": args.device,
-            "candidates": len(batch), "processes": len(batch), "wall s": f"{baseline_s:.1f}",
-            "candidates/min": f"{60 * len(batch) / baseline_s:.1f}",
-            "correct": sum(1 for v in verdicts if v.get("correct")), "isolation": "none",
-        })
-        base_rate = float(rows[-1]["candidates/min"])
-        for row in rows:
-            row["vs fresh process"] = f"{float(row['candidates/min']) / base_rate:.2f}x"
+    summary = None
+    for slots in slot_counts:
+        config.workers = slots
+        slot_rows = []
+        for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            if key not in VERIFIER_MODES:
+                parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
+            mode, fork_server, prebuilt_cache = VERIFIER_MODES[key]
+            config.fork_server, config.prebuilt_triton_cache = fork_server, prebuilt_cache
+            started = time.monotonic()
+            with timed_close() as closing:
+                results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
+                                       device=args.device, progress=True)
+            wall = time.monotonic() - started
+            run_key = f"{key}@{slots}"
+            last_end = max((r.details["batch_span_s"][1] for r in results if "batch_span_s" in r.details), default=None)
+            silence, silence_began = longest_silence(results, len(batch))
+            if closing:
+                created, began, ended = (t - started for t in closing[0])
+                ends[run_key] = (f"{run_key}: workers started {created:.1f}s after the call, last verdict at "
+                                 f"{created + (last_end or 0.0):.1f}s, closing the workers from {began:.1f}s to "
+                                 f"{ended:.1f}s, returned at {wall:.1f}s")
+            summary = summarize_results(results)
+            breakdowns[run_key] = phase_breakdown(results)
+            timelines[run_key] = timeline_table(results)
+            prepare = [r.details.get("problem_prepare_s") for r in results if r.details.get("problem_prepare_s")]
+            slot_rows.append({
+                "mode": mode, "slots": slots, "device": args.device, "candidates": len(batch),
+                "processes": summary["per_stage_reached"]["static"] - summary["cached"],
+                "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
+                "correct": summary["correct"], "correct/min": f"{60 * summary['correct'] / wall:.1f}",
+                "longest silence s": f"{silence:.1f} (from {silence_began:.0f})",
+                "reference s max": f"{max(prepare):.1f}" if prepare else "-",
+                "isolation": results[-1].isolation if results else "-",
+            })
+            print(f"done: {json.dumps(slot_rows[-1])}\n{phase_table({run_key: breakdowns[run_key]})}",
+                  file=sys.stderr, flush=True)
+        if not args.skip_baseline and slots in baseline_at:
+            started = time.monotonic()
+            verdicts = run_baseline(batch, args.device, slots, config.timeout_s)
+            baseline_s = time.monotonic() - started
+            correct = sum(1 for v in verdicts if v.get("correct"))
+            slot_rows.append({
+                "mode": "fresh process per candidate (KernelBench-style, no sandbox)", "slots": slots,
+                "device": args.device, "candidates": len(batch), "processes": len(batch), "wall s": f"{baseline_s:.1f}",
+                "candidates/min": f"{60 * len(batch) / baseline_s:.1f}", "correct": correct,
+                "correct/min": f"{60 * correct / baseline_s:.1f}", "isolation": "none",
+            })
+            base_rate = float(slot_rows[-1]["candidates/min"])
+            for row in slot_rows:
+                row["vs fresh process"] = f"{float(row['candidates/min']) / base_rate:.2f}x"
+        rows.extend(slot_rows)
     print(markdown_table(rows))
-    print(f"\nrejected early by the verifier (last verifier run): {json.dumps(summary['rejected_at'])}")
+    if summary is not None:
+        print(f"\nrejected early by the verifier (last verifier run): {json.dumps(summary['rejected_at'])}")
     if breakdowns:
         print("\n" + phase_table(breakdowns))
     for key, table in timelines.items():
