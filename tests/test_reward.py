@@ -99,11 +99,12 @@ def test_every_flag_the_verifier_raises_reaches_the_verdict_by_name():
     known, or a caught cheat would lose its name."""
     from pathlib import Path
 
-    from extensions.verify.verdict import add_flags
+    from extensions.verify.parent.verdict import add_flags
 
     root = Path(__file__).resolve().parents[1] / "extensions"
     sources = [root / "verify" / name
-               for name in ("audit.py", "worker.py", "judge.py", "candidate_run.py", "verdict.py")]
+               for name in ("sandboxed/audit.py", "sandboxed/worker.py", "parent/judge.py", "parent/candidate_run.py",
+                            "parent/verdict.py")]
     sources += sorted((root / "timing").glob("*.py"))
     raised = set().union(*(_flags_raised_in(path) for path in sources))
     assert {"host_compute", "decoy_kernel", "audit_tampered", "reduced_size", "timer_patched"} <= raised

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 from .result import STAGES, VerifyResult
 from .reward import compute_reward, is_cheating
-from .sandbox import remove_tree
+from .parent.sandbox import remove_tree
 
 
 @dataclass
@@ -60,7 +60,7 @@ def resolve_device(device: Optional[str], config) -> str:
 
 
 def _isolation(requested: str, device: str) -> str:
-    from .sandbox import SandboxUnavailable, choose_isolation
+    from .parent.sandbox import SandboxUnavailable, choose_isolation
 
     try:
         return choose_isolation(requested, device)
@@ -86,7 +86,7 @@ class _Screened:
 
 
 def _call_static_check(code: str, config):
-    from .static_check import static_check
+    from .static.static_check import static_check
 
     params = inspect.signature(static_check).parameters
     kwargs = {}
@@ -98,7 +98,7 @@ def _call_static_check(code: str, config):
 
 
 def screen(index: int, request: VerifyRequest, config) -> _Screened:
-    from .extract import extract_code
+    from .static.extract import extract_code
 
     label = request.label or f"candidate_{index}"
     item = _Screened(index, label)
@@ -224,8 +224,8 @@ _NO_GATE = _GpuGate()
 def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Optional[str] = None,
                  progress: bool = True) -> list[VerifyResult]:
     """Judge every request; results in the same order. See the module docstring."""
-    from .candidate_run import stage_handover
-    from .judge import ProblemPreparer, WorkerLauncher, judge_candidate
+    from .parent.candidate_run import stage_handover
+    from .parent.judge import ProblemPreparer, WorkerLauncher, judge_candidate
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
@@ -281,7 +281,7 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                     result = judge_candidate(item.code, prepared[item.key[0]].result(), config, device, pool,
                                              isolation, work_root, item.label, launcher=launcher)
                 except Exception as exc:  # noqa: BLE001 - one candidate never ends the batch
-                    from .redact import category_error
+                    from .parent.redact import category_error
 
                     result = VerifyResult(item.label, stage="static", isolation=isolation,
                                           error=category_error("compile", "sandbox", f"{type(exc).__name__}: {exc}"),
@@ -377,7 +377,7 @@ def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: 
     For tests of the sandbox and the runtime audit (code the static check would already reject
     must still be caught at run time) and for re-judging code that already passed the screen.
     """
-    from .judge import ProblemPreparer, judge_candidate
+    from .parent.judge import ProblemPreparer, judge_candidate
 
     config = _verifier_config(config)
     device = resolve_device(device, config)

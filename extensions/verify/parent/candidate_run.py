@@ -19,16 +19,16 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Optional
 
-from .compare import compare_outputs, inputs_unchanged
+from ..common.compare import compare_outputs, inputs_unchanged
 from .launcher import write_private
-from .phases import PhaseClock, sanitize_phases
-from .precision import TF32_HINT, dots_at_tf32
+from ..common.phases import PhaseClock, sanitize_phases
+from ..common.precision import TF32_HINT, dots_at_tf32
 from .redact import safe_name, sanitize_data
 from .reference_data import PreparedProblem
-from .result import VerifyResult
-from .reward import is_cheating
+from ..result import VerifyResult
+from ..reward import is_cheating
 from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, flatten_tensors, load_tensors, pack, tensor_bytes, tensor_parts, unpack
+from ..common.tensor_io import TensorIOError, flatten_tensors, load_tensors, pack, tensor_bytes, tensor_parts, unpack
 from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
 
 

@@ -13,12 +13,12 @@ from typing import Optional
 
 from .candidate_run import CandidateRun
 from .launcher import WorkerLauncher
-from .phases import PhaseClock
-from .privileges import verifier_undumpable
+from ..common.phases import PhaseClock
+from ..common.privileges import verifier_undumpable
 from .redact import redact_line
 from .reference_data import PreparedProblem, ProblemPreparer, draw_secret
-from .result import STAGES, VerifyResult
-from .reward import CHEATING_FLAGS, compute_reward, is_cheating
+from ..result import STAGES, VerifyResult
+from ..reward import CHEATING_FLAGS, compute_reward, is_cheating
 from .sandbox import isolation_warnings
 from .verdict import add_flags, fail, status_failure
 

@@ -30,12 +30,12 @@ import time
 import types
 from typing import Any, Callable
 
-from .problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name, odd_size,
+from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name, odd_size,
                                 rewrite_constants, shrink_step, varied_scalar)
-from .param_noise import apply_parameter_noise, constant_parameter_keys
-from .precision import pin_ieee_fp32
-from .problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from .tensor_io import flatten_tensors, map_tensors, pack
+from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
+from ..common.precision import pin_ieee_fp32
+from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
+from ..common.tensor_io import flatten_tensors, map_tensors, pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -604,7 +604,7 @@ class ReferenceBuilder:
         is negligible against the tolerance (atol times ``atol_scale``) on every output."""
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from .compare import tolerances
+        from ..common.compare import tolerances
 
         if self.accumulates.get(init_index) is False:
             return None
@@ -655,7 +655,7 @@ class ReferenceBuilder:
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
         """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
         the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances and of ``slack``), or ''."""
-        from .compare import compare_outputs
+        from ..common.compare import compare_outputs
 
         try:
             exact = self._fp64(init_index, inputs)
@@ -830,7 +830,7 @@ class ReferenceBuilder:
 def run(job_dir: str, secret: dict, started: float) -> None:
     import torch
 
-    from .tensor_io import save_tensors
+    from ..common.tensor_io import save_tensors
 
     phases = {"import": time.monotonic() - started}
     mark = time.monotonic()

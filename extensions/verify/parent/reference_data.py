@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .compare import TOLERANCE_FIELDS
+from ..common.compare import TOLERANCE_FIELDS
 from .sandbox import SandboxedProcess
-from .tensor_io import load_tensors
+from ..common.tensor_io import load_tensors
 from .verdict import tail_line
 
 
@@ -124,7 +124,7 @@ class ProblemPreparer:
         started = time.monotonic()
         with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
             proc = SandboxedProcess(
-                [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
+                [sys.executable, "-m", "extensions.verify.reference.reference_worker", job_dir], job_dir,
                 device=self.device, gpu_index=gpu, isolation="process",
                 max_output_bytes=cfg.max_output_bytes,
             )
