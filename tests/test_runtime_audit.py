@@ -235,7 +235,10 @@ def test_timer_notices_a_rebound_clock(monkeypatch):
 
     from extensions.timing.runners import HostTrialRunner
 
-    runner = HostTrialRunner(torch.nn.Identity(), torch.nn.Identity(), [[torch.randn(4)]], VerifierConfig())
+    from extensions.verify.common.compare import compare_outputs
+
+    runner = HostTrialRunner(torch.nn.Identity(), torch.nn.Identity(), [[torch.randn(4)]], VerifierConfig(),
+                             compare_outputs)
     assert runner.timers_intact()
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     assert not runner.timers_intact()

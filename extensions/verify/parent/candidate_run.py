@@ -28,7 +28,9 @@ from .reference_data import PreparedProblem
 from ..result import VerifyResult
 from ..reward import is_cheating
 from .sandbox import SandboxedProcess
-from ..common.tensor_io import TensorIOError, flatten_tensors, load_tensors, pack, tensor_bytes, tensor_parts, unpack
+from extensions.timing.tensors import flatten_tensors
+
+from ..common.tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
 from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
 
 

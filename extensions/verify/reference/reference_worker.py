@@ -35,7 +35,7 @@ from ..common.problem_constants import (find_scalar_constants, find_size_constan
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.precision import pin_ieee_fp32
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from ..common.tensor_io import flatten_tensors, map_tensors, pack
+from ..common.tensor_io import map_tensors, pack
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows

@@ -89,7 +89,9 @@ def spaced_apart(values: list, device: str) -> list:
     """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
     import torch
 
-    from ..common.tensor_io import flatten_tensors, map_tensors
+    from extensions.timing.tensors import flatten_tensors
+
+    from ..common.tensor_io import map_tensors
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:

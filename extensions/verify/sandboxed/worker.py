@@ -76,7 +76,7 @@ def _write_json(name: str, data: dict) -> None:
 def _storages(value: Any) -> set[int]:
     import torch
 
-    from ..common.tensor_io import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors
 
     return {t.untyped_storage().data_ptr() for t in flatten_tensors(value)
             if isinstance(t, torch.Tensor) and t.numel() > 0}
@@ -169,7 +169,7 @@ def _poison_allocator(output) -> None:
     """Fill freed CUDA memory with NaN so a second run that reads memory it never wrote sees it."""
     import torch
 
-    from ..common.tensor_io import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors
 
     nbytes = sum(t.numel() * t.element_size() for t in flatten_tensors(output))
     if nbytes:
@@ -249,6 +249,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
     import torch
 
     from ...config.sections import VerifierConfig
+    from ..common.compare import compare_outputs
     from ..common.precision import restore
     from ..common.problem_sizes import load_problem
     from ..common.tensor_io import pack, save_tensors
@@ -268,7 +269,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
         reset = restore(backend)
-        report = measure_speedup(reference, model, input_sets, config)
+        report = measure_speedup(reference, model, input_sets, config, compare_outputs=compare_outputs)
         data = report.to_dict()
         if reset:
             data.setdefault("details", {})["backend_settings_reset"] = reset
@@ -320,23 +321,25 @@ def _snapshot(device: str):
     import json as json_module
     import json.encoder
 
+    from extensions.timing import tensors as output_tensors
+
     from ..common import compare, param_noise, precision, tensor_io
     from ..static import policy, triton_api, value_api
     from . import audit, handed_files, integrity, interpreter_compat
     from .integrity import CodeSnapshot
 
     modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, param_noise,
-               policy, precision, tensor_io, triton_api, value_api, json_module, json.encoder]
+               policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module, json.encoder]
     for prefix in _COVERED_PACKAGES:
         modules += [module for name, module in sorted(sys.modules.items())
                     if name.startswith(prefix) and module is not None]
     if device != "cpu":
         try:
-            from extensions.timing import measure, runners, schedule, stats
+            from extensions.timing import measure, runners, schedule, stats, tensors
         except Exception:  # noqa: BLE001 - the timer is optional; run_timing reports its absence
             pass
         else:
-            modules += [measure, runners, schedule, stats]
+            modules += [measure, runners, schedule, stats, tensors]
     unique = {id(module): module for module in modules}
     return CodeSnapshot(unique.values())
 
