@@ -52,7 +52,7 @@ def problem_reach(code: str, device: str) -> tuple[str, float, str, tuple[str, s
 
     from extensions.config import VerifierConfig
     from extensions.verify.parent.reference_data import draw_secret, reference_job
-    from extensions.verify.reference.reference_worker import ReferenceBuilder
+    from extensions.verify.reference.builder import ReferenceBuilder
 
     builder = ReferenceBuilder(code, reference_job(VerifierConfig(), device), draw_secret())
     builder.build()

@@ -90,7 +90,7 @@ def get_init_inputs():
 
 
 def test_constructor_arguments_vary_except_axes():
-    from extensions.verify.reference.reference_worker import ReferenceBuilder
+    from extensions.verify.reference.builder import ReferenceBuilder
 
     from extensions.config import VerifierConfig
     from extensions.verify.parent.reference_data import reference_job

@@ -12,8 +12,9 @@ import torch
 
 from extensions.config import VerifierConfig
 from extensions.verify.parent.reference_data import draw_secret, reference_job
-from extensions.verify.reference.reference_worker import (CANCELLATION_CAP, NEGATIVE_LINES_MAX, OUTLIERS_MIN, ROUNDING_SLACK,
-                                                ReferenceBuilder)
+from extensions.verify.reference.builder import ReferenceBuilder
+from extensions.verify.reference.tolerances import CANCELLATION_CAP, ROUNDING_SLACK
+from extensions.verify.reference.variations import NEGATIVE_LINES_MAX, OUTLIERS_MIN
 
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 4096, "tiny_first": False,
        "num_tests": 5, "shape_variations": False}

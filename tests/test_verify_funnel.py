@@ -522,7 +522,7 @@ def test_atol_grows_only_on_sets_the_verifier_scaled_up():
 
 
 def test_scaled_up_set_records_its_output_scale():
-    from extensions.verify.reference.reference_worker import _rms
+    from extensions.verify.reference.tolerances import rms as _rms
 
     import torch
 

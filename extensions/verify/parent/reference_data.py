@@ -43,7 +43,7 @@ def draw_secret() -> dict:
             # 1e9, where the reference's own formula may not.
             "scale_up_tops": [rng.uniform(5.5, 6.0), rng.uniform(4.0, 4.5)],
             # The share of elements that are large in that set: too few for a sample of a few
-            # dozen to find one (``reference_worker.with_outliers``).
+            # dozen to find one (``reference.variations.with_outliers``).
             "scale_up_share": 10 ** rng.uniform(-3.3, -2.7),
             # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
             "shift": rng.uniform(1.5, 3.5),

@@ -1,0 +1,563 @@
+"""The reference builder: one problem's input sets, reference outputs and the slack each output
+element earns, packed for the parent (run by ``reference_worker.py``, a trusted process).
+
+Which sets are built, and why a set is left out, is described in ``reference_worker.py``. A set left
+out is recorded as a ``SkippedSet`` (its name and the reason): the builder's own fallbacks read the
+reason from it, and the parent gets each as one ``name: reason`` line.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from extensions.timing.tensors import flatten_tensors
+
+from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
+from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
+                                        odd_size, rewrite_constants, shrink_step, varied_scalar)
+from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
+from ..common.tensor_io import map_tensors, pack
+from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
+                         capped_slack, like, rms, same_non_finite, scaled_tolerances)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, transform_tensors, value_transforms, with_negative_lines,
+                         with_outliers, with_scalars_varied, with_zeros)
+
+TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
+# The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
+# with it; on CUDA its inputs cross the sandbox as files.
+WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
+
+
+@dataclass(frozen=True)
+class SkippedSet:
+    """An input set (or a step of building them) left out, and why: ``name: reason`` to the user."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+def same_init(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_init(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+class ReferenceBuilder:
+    def __init__(self, source: str, job: dict, secret: dict):
+        import torch
+
+        self.job = job
+        self.device = job["device"]
+        self.seed = int(job["seed"])  # construction seed: both models are built right after it
+        self.input_seed = int(secret["input_seed"])  # drawn per batch, never seen by a candidate
+        self.transforms = value_transforms(secret["transforms"])
+        # Each top with outliers of both signs, then of the problem's own (a log or a square root
+        # of the inputs has no reference for negative ones).
+        self.outliers = [(top, either, with_outliers(secret["transforms"], float(top), either))
+                         for top in secret["transforms"]["scale_up_tops"] for either in (True, False)]
+        self.negative_lines = with_negative_lines(secret["transforms"])
+        self.exactness = scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
+        self.judging = scaled_tolerances(job["tolerances"], 1.0)  # the candidates' own (rounding slack)
+        self.fp64_models: dict[int, Any] = {}
+        # Per model (init index): whether its forward accumulates (None: no fp64 run on |inputs|).
+        self.accumulates: dict[int, bool | None] = {}
+        self.cap = int(job["max_input_numel"])
+        self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
+        self.original_source = source
+        self.scalar_factor = float(secret["scalar_factor"])
+        self.values, self.notes = shrink_to_cap(source, self.cap)
+        self.base_source = rewrite_constants(source, self.values)
+        self.base = load_problem(self.base_source)
+        torch.manual_seed(self.seed)
+        init = list(self.base.get_init_inputs())
+        torch.manual_seed(self.seed)
+        # One (init inputs, model) per distinct constructor arguments; index 0 is the base.
+        self.inits: list[list] = [init]
+        self.param_seed = int(secret["param_seed"])
+        self.param_keys: list[list[str]] = []  # per init index: the constant parameters perturbed
+        self.models: list = [self._perturbed(self.base.Model(*init).to(self.device))]
+        self.sets: list[dict] = []
+        self.base_output_rms = 0.0
+        self.base_input_rms = 0.0
+        self.skipped_sets: list[SkippedSet] = []
+        # Sets the reference failed or overflowed on (a retry under the same name may still add them)
+        self.refused: set[str] = set()
+        self.tensors: dict[str, Any] = {}
+        self.expected: dict[str, Any] = {}
+
+    def skip(self, name: str, reason: str) -> None:
+        self.skipped_sets.append(SkippedSet(name, reason))
+
+    @property
+    def skipped(self) -> list[str]:
+        """Each set left out as the user reads it: ``name: reason``."""
+        return [str(entry) for entry in self.skipped_sets]
+
+    def _perturbed(self, model):
+        """``model`` with its constant-initialised parameters replaced by the batch's noise
+        (``param_noise``); the keys are recorded so the candidate's tensors get the same."""
+        keys = constant_parameter_keys(model)
+        apply_parameter_noise(model, self.param_seed, keys, reference=True)
+        self.param_keys.append(keys)
+        return model
+
+    @property
+    def init(self) -> list:
+        return self.inits[0]
+
+    def module_at(self, values: dict[str, int]) -> types.ModuleType:
+        return load_problem(rewrite_constants(self.original_source, values))
+
+    def init_index(self, module: types.ModuleType) -> int:
+        """The index of ``module``'s constructor arguments, building its reference model if new."""
+        import torch
+
+        torch.manual_seed(self.seed)
+        init = list(module.get_init_inputs())
+        for index, known in enumerate(self.inits):
+            if same_init(known, init):
+                return index
+        torch.manual_seed(self.seed)
+        model = self._perturbed(module.Model(*init).to(self.device))
+        self.inits.append(init)
+        self.models.append(model)
+        return len(self.inits) - 1
+
+    def draw_inputs(self, module: types.ModuleType, seed: int) -> list:
+        """``module.get_inputs()`` right after ``seed``. On a GPU its tensors are created there (the
+        device made the default for its factory calls): a draw of tens of millions of elements
+        takes a tenth of a second on one CPU thread and well under a millisecond on the GPU. A
+        problem whose inputs cannot be drawn there draws them on the host as written."""
+        import torch
+
+        if self.device != "cpu":
+            torch.manual_seed(seed)
+            try:
+                with torch.device(self.device):
+                    return list(module.get_inputs())
+            except Exception:  # noqa: BLE001 - drawn on the host below
+                pass
+        torch.manual_seed(seed)
+        return list(module.get_inputs())
+
+    def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
+                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK) -> bool:
+        """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
+        ``transform`` (the whole input list). A set the reference rejects is left out and listed
+        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
+        ``atol_scale``: the set's own, where its output's growth would overstate it. Where the
+        problem accumulates, each output element's tolerance also has ``_rounding_slack`` (the
+        share ``rounding`` of its terms' magnitudes)."""
+        import torch
+
+        try:
+            init_index = self.init_index(module)
+            inputs = self.draw_inputs(module, seed)
+            if transform is not None:
+                inputs = transform(inputs)
+            with torch.no_grad():
+                out = self.models[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
+            self.skip(name, f"reference failed ({type(exc).__name__}: {str(exc)[:100]})")
+            self.refused.add(name)
+            return False
+        if not all_finite(out) and kind != "base":
+            why = self._overflowed(init_index, inputs, out)
+            if why:
+                self.skip(name, f"reference output not finite ({why})")
+                self.refused.add(name)
+                return False
+        index = len(self.sets)
+        # fp32 rounding error grows with the magnitudes involved: on a set whose values the
+        # verifier changed, atol grows with the reference output against the base set's (never
+        # shrinks below 1). Where the base output is all zero (a ReLU after a subtraction) there
+        # is nothing to measure against, and the inputs' growth stands in: a GEMM on inputs x1000
+        # differs from another order of summation by ~1e-3 where its output crosses zero.
+        if atol_scale is None:
+            atol_scale = 1.0 if transform is None else self._growth(inputs, out)
+        slack = self._rounding_slack(init_index, inputs, out, rounding, atol_scale)
+        if exact:
+            why = self._inexact(init_index, inputs, out, atol_scale, slack)
+            if why:
+                self.skip(name, why)
+                return False
+        if kind == "base":
+            self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
+        self.sets.append({
+            "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
+            "numel": numel_of(inputs),
+            "inputs": pack(inputs, f"s{index}.in", self.tensors),
+            "expected": pack(out, f"s{index}.out", self.expected),
+        })
+        if slack is not None:
+            self.sets[-1]["slack"] = pack(slack, f"s{index}.slack", self.expected)
+        return True
+
+    @property
+    def unanswered(self) -> list[str]:
+        """The sets left out because the reference had no answer on them: their checks did not run
+        (a variation the problem has no room for, or a fallback that ran instead, is not one)."""
+        return sorted(self.refused - {s["name"] for s in self.sets})
+
+    def _growth(self, inputs: list, out: Any) -> float:
+        if self.base_output_rms:
+            grown = rms(out) / self.base_output_rms
+        else:
+            grown = rms(inputs) / self.base_input_rms if self.base_input_rms else 1.0
+        return max(1.0, grown)
+
+    def build(self) -> None:
+        job = self.job
+        seed = self.input_seed
+        if job["tiny_first"]:
+            batch = {n: min(v, 2) for n, v in self.values.items() if is_batch_name(n) and v > 2}
+            module = self.module_at({**self.values, **batch}) if batch else None
+            if module is None or not self.try_add("tiny", "tiny", module, seed):
+                self.try_add("tiny", "tiny", self.base, seed + 1000)
+        full_before = len(self.sets)
+        if not self.try_add("base", "base", self.base, seed, timing=True):
+            raise RuntimeError(str(self.skipped_sets[-1]))
+        wanted = max(1, int(job["num_tests"])) if job["multi_input"] else 1
+        values = list(VALUE_VARIATIONS) if job["multi_input"] and job["value_variations"] else []
+        variations = values[:1]
+        if job["multi_input"] and job["shape_variations"]:
+            variations.append("shape")
+        variations += values[1:]
+        seed += 1
+        for variation in variations:
+            if len(self.sets) - full_before >= wanted:
+                break
+            if variation == "shape":
+                self._add_shape_variation(seed)
+            else:
+                self._add_value_set(variation, seed)
+            seed += 1
+        first_seed = self.input_seed
+        while job["multi_input"] and len(self.sets) - full_before < wanted and seed < first_seed + 50:
+            self.try_add(f"seed_{seed - first_seed}", "seed", self.base, seed, timing=True)
+            seed += 1
+        # Timing rotates through several distinct sets so a memoising candidate gains nothing.
+        timed = sum(1 for s in self.sets if s["timing"])
+        while self.device != "cpu" and timed < TIMING_INPUT_SETS and seed < first_seed + 50:
+            timed += self.try_add(f"seed_{seed - first_seed}", "seed", self.base, seed, timing=True)
+            seed += 1
+        if job["multi_input"] and job["shape_variations"]:
+            self._add_wide_set(seed)
+
+    def _add_value_set(self, variation: str, seed: int) -> None:
+        """One value variation (never timed: speed is measured on the problem's own values), with
+        exact zeros and the Python float inputs varied too; where the reference rejects those (a
+        division by an input, a probability above 1), the tensors' transform alone."""
+        fn = self.transforms[variation]
+
+        def everything(tensor_fn) -> Callable:
+            def transform(inputs: list) -> list:
+                varied = transform_tensors(inputs, tensor_fn)
+                if variation in WITH_ZEROS:
+                    varied = transform_tensors(varied, with_zeros)
+                return with_scalars_varied(varied, self.scalar_factor)
+            return transform
+
+        if variation == "scale_up":
+            # Highest top first; each kept only where the fp32 reference is still exact there (a
+            # sum of squares overflows, a sum of outliers of both signs cancels): otherwise the
+            # uniform factor. atol stays the base set's: all but the outliers are the problem's
+            # own values, and a set-wide scale grown with the outliers would let a kernel wrong on
+            # the values between (a ReLU that returns 0 between 3.5 and 7) pass; outliers are
+            # held to rtol.
+            reasons = []
+            for top, either, outliers in self.outliers:
+                label = f"1e{top:.1f}{' either sign' if either else ''}"
+                if self.try_add(variation, "values", self.base, seed,
+                                lambda inputs, outliers=outliers: transform_tensors(inputs, outliers),
+                                exact=True, atol_scale=1.0, rounding=OUTLIER_ROUNDING_SLACK):
+                    self.sets[-1]["spread_top"] = round(top, 2)
+                    self.sets[-1]["outlier_signs"] = "either" if either else "own"
+                    return
+                reasons.append(f"{label}: {self.skipped_sets.pop().reason}")
+            self.skip(variation, f"one factor for every element (outliers {'; '.join(reasons)})")
+        if variation == "shift":
+            # Kept only where the fp32 reference is exact with lines far from the rest (a GEMM's
+            # sum of a line of -1000s and the problem's values cancels): otherwise every
+            # element shifted, as one peek can tell.
+            if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
+                            exact=True, rounding=OUTLIER_ROUNDING_SLACK):
+                self.sets[-1]["negative_lines"] = True
+                return
+            why = self.skipped_sets.pop().reason
+            self.skip(variation, f"every element shifted (lines: {why})")
+        if self.try_add(variation, "values", self.base, seed, everything(fn)):
+            return
+        why = self.skipped_sets.pop().reason
+        if self.try_add(variation, "values", self.base, seed, lambda inputs: transform_tensors(inputs, fn)):
+            self.skip(variation, f"without exact zeros and varied float inputs ({why})")
+
+    def model_bytes(self) -> int:
+        """The largest reference model's parameters and buffers: a worker builds the model on the
+        host before it moves it, and the candidate's is about as large (its memory cap allows for both)."""
+        return max((sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+                    for model in self.models), default=0)
+
+    def _fp64(self, init_index: int, inputs: list, magnitudes: bool = False) -> Any:
+        """The model of ``init_index`` run in fp64 on ``inputs`` (their absolute values with
+        ``magnitudes``); raises what the model raises."""
+        import copy
+
+        import torch
+
+        if init_index not in self.fp64_models:
+            self.fp64_models[init_index] = copy.deepcopy(self.models[init_index]).double()
+
+        def widen(t):
+            if not t.is_floating_point():
+                return t.to(self.device)
+            t = t.double()
+            return (t.abs() if magnitudes else t).to(self.device)
+
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # tensors the forward creates match its inputs
+        try:
+            with torch.no_grad():
+                return self.fp64_models[init_index](*map_tensors(inputs, widen))
+        finally:
+            torch.set_default_dtype(default)
+
+    def _rounding_slack(self, init_index: int, varied: list, out: Any, share: float, atol_scale: float) -> Any:
+        """``share`` times the fp64 model on |varied|, capped (``CANCELLATION_CAP``), where
+        the model runs an ``ACCUMULATING_OPS`` operator; None where it runs none, where it
+        cannot run in fp64 on |varied| (noted once per model in ``skipped``), or where the slack
+        is negligible against the tolerance (atol times ``atol_scale``) on every output."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from ..common.compare import tolerances
+
+        if self.accumulates.get(init_index) is False:
+            return None
+
+        class Accumulations(TorchDispatchMode):
+            seen = False
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.seen = self.seen or any(part in func.__name__.split(".")[0] for part in ACCUMULATING_OPS)
+                return func(*args, **(kwargs or {}))
+
+        accumulations = Accumulations()
+        try:
+            with accumulations:
+                magnitudes = like(self._fp64(init_index, varied, True), out)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64, or a model that rejects |inputs|
+            if init_index not in self.accumulates:
+                self.skip("rounding slack", f"no fp64 run on |inputs| ({type(exc).__name__})")
+            self.accumulates[init_index] = None
+            return None
+        self.accumulates[init_index] = accumulations.seen
+        if not accumulations.seen:
+            return None
+        pieces = iter(flatten_tensors(magnitudes))
+        del magnitudes
+
+        def slack_of(o):
+            atol, rtol = tolerances(str(o.dtype).rsplit(".", 1)[-1], self.judging)
+            return capped_slack(next(pieces), o, share, atol * atol_scale, rtol)
+
+        slack = map_tensors(out, slack_of)
+        return slack if flatten_tensors(slack) else None
+
+    def _overflowed(self, init_index: int, inputs: list, out: Any) -> str:
+        """Why the non-finite values of the fp32 reference output ``out`` are not the function's own
+        (fp32 overflow or a precision accident, which a correct kernel need not repeat), or ''.
+
+        A masked softmax's -inf, a log of zero or of a negative number are non-finite in fp64 at the
+        same places: such a set is kept and compared by position (``compare``: NaN, +inf and -inf
+        exactly where the reference has them). Skipping it instead left masked problems with the
+        base set only, where kernels that overflow or assume a row length passed."""
+        try:
+            wide = self._fp64(init_index, inputs)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: nothing to tell them apart by
+            return f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+        return "" if same_non_finite(out, wide) else "fp32 overflow: the fp64 run differs in where it is not finite"
+
+    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
+        """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
+        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances and of ``slack``), or ''."""
+        from ..common.compare import compare_outputs
+
+        try:
+            exact = self._fp64(init_index, inputs)
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: no outliers
+            return f"no fp64 reference ({type(exc).__name__})"
+        try:
+            exact = like(exact, out)
+        except (TypeError, ValueError) as exc:
+            return f"fp64 reference differs in structure ({exc})"
+        margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
+        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale, slack=margin)
+        return f"fp32 reference off its fp64 run ({mismatch.reason})" if mismatch else ""
+
+    def _constructor_arguments(self) -> dict[str, float | int]:
+        """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
+        slope, clamp bounds; ``varied_scalar``) and integers below 4, which the odd sizes leave
+        alone (kernel sizes, strides, paddings, dilations: one step away from zero). A kernel that
+        writes the problem's values in instead of reading its constructor's arguments is right at
+        those values only. Each change is kept only if the problem still
+        runs on the meta device with the ones kept before it."""
+        import torch
+
+        def init_of(values: dict) -> list:
+            torch.manual_seed(self.seed)
+            return list(self.module_at(values).get_init_inputs())
+
+        changes = [(n, varied_scalar(v, self.scalar_factor))
+                   for n, v in find_scalar_constants(self.original_source).items()]
+        # Not an axis (``dim``, ``axis``): a kernel tiled for the problem's axis is right on
+        # another but can be many times slower in the CPU interpreter, past its time limit.
+        changes += [(n, v + 1 if v >= 0 else v - 1) for n, v in self.values.items()
+                    if -4 < v < 4 and not any(word in n.lower() for word in ("dim", "axis"))]
+        varied: dict = {}
+        try:
+            base = init_of(self.values)
+            check_meta = meta_forward_runs(rewrite_constants(self.original_source, self.values))
+            for name, other in changes:
+                trial = {**self.values, **varied, name: other}
+                if same_init(base, init_of({**self.values, name: other})):
+                    continue  # never reaches the constructor
+                if check_meta and not meta_forward_runs(rewrite_constants(self.original_source, trial)):
+                    continue
+                varied[name] = other
+        except Exception as exc:  # noqa: BLE001 - the problem rejects a value: keep what was kept
+            self.skip("constructor arguments", type(exc).__name__)
+        return varied
+
+    def _add_shape_variation(self, seed: int) -> None:
+        eligible = {n: odd_size(v) for n, v in self.values.items() if v >= 4 and odd_size(v) != v}
+        attempts = [eligible] + [{n: v} for n, v in eligible.items()] if eligible else []
+        arguments = self._constructor_arguments()
+        if arguments:
+            attempts.insert(0, {**eligible, **arguments})
+        for changed in attempts[:6]:
+            try:
+                module = self.module_at({**self.values, **changed})
+            except Exception as exc:  # noqa: BLE001
+                self.skip(f"shape {changed}", f"problem failed to load ({type(exc).__name__})")
+                continue
+            label = "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items())
+            if self.try_add("shape_" + label, "shape", module, seed):
+                return
+        if not attempts:
+            self.skip("shape", "no module-level size constant to vary")
+
+    def _wide_cap(self, base_numel: int) -> int:
+        """Elements the wide set may hold: a multiple of the cap, or of the problem where uncapped
+        (on CUDA also bounded by the free memory: inputs, outputs and the candidate's copies)."""
+        import torch
+
+        multiple = WIDE_CAP_MULTIPLE["cpu" if self.device == "cpu" else "cuda"]
+        cap = multiple * (self.cap if self.cap > 0 else base_numel)
+        if self.device != "cpu":
+            free, _total = torch.cuda.mem_get_info()
+            cap = min(cap, free // (4 * 8))
+        return cap
+
+    def _wide_candidates(self) -> list[dict[str, int]]:
+        """Sizes above the problem's own: every non-batch constant grown (batch halved to fit),
+        then each of the largest grown alone (the others shrunk to fit)."""
+        growable = sorted((n for n, v in self.original_values.items() if v >= 4 and not is_batch_name(n)),
+                          key=lambda n: -self.original_values[n])
+        if not growable:
+            return []
+        grown = {n: grown_size(self.original_values[n]) for n in growable}
+        attempts = [{**self.original_values, **grown}]
+        attempts += [{**self.original_values, n: grown[n]} for n in growable[:3]]
+        return attempts
+
+    def _fit(self, values: dict[str, int], fixed: set[str], cap: int) -> dict[str, int] | None:
+        for _ in range(200):
+            try:
+                numel = meta_numel(rewrite_constants(self.original_source, values))
+            except Exception:  # noqa: BLE001 - a size combination the problem rejects
+                return None
+            if numel <= cap:
+                return values
+            batch = {n: v for n, v in values.items() if is_batch_name(n) and v > 1 and n not in fixed}
+            if batch:
+                name = max(batch, key=batch.get)
+                values = {**values, name: max(1, values[name] // 2)}
+                continue
+            free = {n: v for n, v in values.items() if n not in fixed}
+            smaller = shrink_step(free)
+            if smaller is None:
+                return None
+            values = {**values, **smaller}
+        return None
+
+    def _add_wide_set(self, seed: int) -> None:
+        base_numel = next(s["numel"] for s in self.sets if s["kind"] == "base")
+        cap = self._wide_cap(base_numel)
+        for attempt in self._wide_candidates():
+            grown = {n for n, v in attempt.items() if v > self.original_values[n]}
+            values = self._fit(attempt, grown, cap)
+            if values is None:
+                continue
+            try:
+                module = self.module_at(values)
+            except Exception as exc:  # noqa: BLE001
+                self.skip(f"wide {values}", f"problem failed to load ({type(exc).__name__})")
+                continue
+            if self.try_add("wide_" + "_".join(f"{n}={values[n]}" for n in sorted(grown)), "wide", module, seed):
+                self._mark_above_cap(values)
+                return
+        for values, name in self._long_candidates(cap):
+            if self.try_add(f"long_{name}={values[name]}", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
+                return
+        if self.cap > 0 and self.values != self.original_values:
+            # Nothing wider than the problem fits: at least more elements than the cap, along the
+            # same halving path that shrank the base.
+            values, _notes = shrink_to_cap(self.original_source, cap)
+            if values != self.values and self.try_add("large", "wide", self.module_at(values), seed):
+                self._mark_above_cap(values)
+                return
+        self.skip("wide", "no size above the problem's own fits")
+
+    def _long_candidates(self, cap: int):
+        """Nothing wider than the problem fits: one non-batch size as long as the wide set's
+        elements allow (odd, at most the problem's own), batch sizes at 2, the other constants at
+        the base's. Shrinking every constant by the same halving keeps each row shorter than the
+        blocks kernels hard-code (a softmax over one block of 1024 columns passed every set)."""
+        growable = sorted((n for n, v in self.original_values.items() if v >= 4 and not is_batch_name(n)),
+                          key=lambda n: -self.original_values[n])
+        batch = {n: min(v, 2) for n, v in self.values.items() if is_batch_name(n)}
+        for name in growable[:3]:
+            size = self.original_values[name]
+            while size > 2 * self.values[name]:
+                values = {**self.values, **batch, name: min(size | 1, self.original_values[name])}
+                try:
+                    fits = meta_numel(rewrite_constants(self.original_source, values)) <= cap
+                except Exception:  # noqa: BLE001 - a size combination the problem rejects
+                    break
+                if fits:
+                    yield values, name
+                    break
+                size //= 2
+
+    def problem_numel(self) -> int:
+        """The elements of the problem's own inputs (0 where they cannot be measured)."""
+        try:
+            return meta_input_numel(self.original_source)
+        except Exception:  # noqa: BLE001 - a problem whose inputs need a real device
+            return 0
+
+    def _mark_above_cap(self, values: dict[str, int]) -> None:
+        self.sets[-1]["above_cap"] = self.cap > 0 and meta_numel(
+            rewrite_constants(self.original_source, values)) > self.cap
