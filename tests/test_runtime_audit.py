@@ -248,7 +248,7 @@ def test_a_candidate_hiding_work_from_the_timer_is_never_correct():
     from extensions.verify.reward import compute_reward, is_cheating
 
     assert is_cheating(["side_stream_suspected"]) and is_cheating(["timer_patched"])
-    assert compute_reward("timing", ["side_stream_suspected"], 3.0, VerifierConfig()) == 0.0
+    assert compute_reward("timing", ["side_stream_suspected"], 3.0, VerifierConfig().reward_weights) == 0.0
     assert not is_cheating(["reduced_size"])
 
 

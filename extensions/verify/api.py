@@ -8,7 +8,8 @@ Extraction and the static check run here in the parent (cheap, no process), so u
 cheating candidates cost nothing. Identical candidate source for the same problem is judged once.
 Each problem's input sets and reference outputs are built once per batch by a trusted reference
 process (``reference_worker``); each surviving candidate then runs in its own sandboxed worker
-process (``worker``), which receives inputs, never expected outputs. The parent compares.
+process (``worker``), which receives inputs, never expected outputs. The parent compares. Each
+result's ``reward`` is computed last, from its verdict, under ``verifier.reward_weights`` (``reward``).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 from .result import STAGES, VerifyResult
-from .reward import compute_reward, is_cheating
+from .reward import is_cheating, reward_of
 from .parent.sandbox import remove_tree
 
 
@@ -105,7 +106,7 @@ def screen(index: int, request: VerifyRequest, config) -> _Screened:
     extraction = extract_code(request.candidate_text)
     item.notes["extraction"] = {"method": extraction.method, "candidates_seen": extraction.candidates_seen}
     if extraction.code is None:
-        item.result = VerifyResult(label, stage="none", reward=config.reward_static_fail,
+        item.result = VerifyResult(label, stage="none",
                                    error=f"extract: {extraction.error or 'no code found'}",
                                    details=dict(item.notes))
         return item
@@ -117,7 +118,7 @@ def screen(index: int, request: VerifyRequest, config) -> _Screened:
     flags = list(getattr(report, "flags", []) or [])
     if report is None or not report.ok:
         error = static_error if report is None else "; ".join(report.errors[:2]) or "static check failed"
-        item.result = VerifyResult(label, stage="extract", reward=config.reward_static_fail, flags=flags,
+        item.result = VerifyResult(label, stage="extract", flags=flags,
                                    error=f"static: {error}"[:300], details=dict(item.notes))
         return item
     item.code = extraction.code
@@ -312,6 +313,8 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
             original = judged[first_of[item.key]]
             copy = VerifyResult.from_dict(json.loads(json.dumps(original.to_dict())))
             results.append(replace(copy, candidate=item.label, cached=True))
+    for result in results:  # the verdict is complete: its reward, under the one reward table
+        result.reward = reward_of(result, config.reward_weights)
     return results
 
 
@@ -329,7 +332,6 @@ def _merge_screen(result: VerifyResult, item: _Screened, config) -> None:
     result.details = {**item.notes, **result.details}
     if is_cheating(result.flags):
         result.correct = False
-    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
 
 
 def _progress(total: int, enabled: bool):
@@ -389,5 +391,5 @@ def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: 
         result = judge_candidate(code, prepared, config, device, pool, isolation, work_root, label)
     finally:
         remove_tree(work_root)
-    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+    result.reward = reward_of(result, config.reward_weights)
     return result

@@ -427,6 +427,7 @@ def stage_handover(prepared: PreparedProblem, timing: bool) -> None:
 
 
 def _plain_config(config) -> dict:
+    """The config's flat settings, all the timer reads (the reward table stays in the parent)."""
     import dataclasses
 
-    return dataclasses.asdict(config)
+    return {key: value for key, value in dataclasses.asdict(config).items() if not isinstance(value, dict)}
