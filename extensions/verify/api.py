@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
+from .parent.sandbox import remove_tree
 from .result import STAGES, VerifyResult
 from .reward import is_cheating, reward_of
-from .parent.sandbox import remove_tree
 
 
 @dataclass

@@ -12,14 +12,14 @@ import contextlib
 import time
 from typing import Optional
 
-from .candidate_run import CandidateRun
-from .launcher import WorkerLauncher
 from ..common.phases import PhaseClock
 from ..common.privileges import verifier_undumpable
-from .redact import redact_line
-from .reference_data import PreparedProblem, ProblemPreparer, draw_secret
 from ..result import STAGES, VerifyResult
 from ..reward import CHEATING_FLAGS, is_cheating, reward_of
+from .candidate_run import CandidateRun
+from .launcher import WorkerLauncher
+from .redact import redact_line
+from .reference_data import PreparedProblem, ProblemPreparer, draw_secret
 from .sandbox import isolation_warnings
 from .verdict import add_flags, fail, status_failure
 

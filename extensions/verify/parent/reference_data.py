@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..common.compare import TOLERANCE_FIELDS
-from .sandbox import SandboxedProcess
 from ..common.tensor_io import load_tensors
+from .sandbox import SandboxedProcess
 from .verdict import tail_line
 
 

@@ -349,12 +349,12 @@ def serve(control, clock=None) -> None:
     holds the phases of a start-up done before (a forked child's warm-up)."""
     import torch
 
-    from . import interpreter_compat
-    from .audit import RuntimeAudit, warm_up_profiler
     from ..common.phases import PhaseClock
     from ..common.precision import pin_ieee_fp32
     from ..common.privileges import drop_privileges
     from ..common.proctree import become_subreaper
+    from . import interpreter_compat
+    from .audit import RuntimeAudit, warm_up_profiler
     from .startup import limit_memory, warm_up_cuda
 
     command = control.readline().split()
@@ -432,8 +432,8 @@ def private_control_channel():
 
 
 def main() -> None:
-    from .audit import warm_up_profiler
     from ..common.proctree import die_with_parent
+    from .audit import warm_up_profiler
     from .startup import preload
 
     die_with_parent()
