@@ -284,8 +284,9 @@ def timing_config(args):
 
 def ours(reference, candidate, input_sets, config) -> dict:
     from extensions.timing import measure_speedup
+    from extensions.verify.common.compare import compare_outputs
 
-    return measure_speedup(reference, candidate, input_sets, config).to_dict()
+    return measure_speedup(reference, candidate, input_sets, config, compare_outputs=compare_outputs).to_dict()
 
 
 def section_self(bench, config, args, deadline) -> list[Row]:

@@ -44,7 +44,7 @@ def whole_output_fingerprint(output):
     """The fingerprint as first written: float64 temporaries of the whole output at once."""
     import torch
 
-    from extensions.timing.runners import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors
 
     prints = []
     for tensor in flatten_tensors(output):
@@ -104,6 +104,7 @@ def run_variant(variant, reference, candidate, sets, config, repeats):
 
     from extensions.timing import measure_speedup, runners
     from extensions.timing.runners import CudaTrialRunner
+    from extensions.verify.common.compare import compare_outputs
 
     launch = "excluded" if variant == "gated" else "included"
     config = replace(config, timing_launch_cost=launch)
@@ -116,8 +117,9 @@ def run_variant(variant, reference, candidate, sets, config, repeats):
     clock_before = gpu_clock_state()
     try:
         for _ in range(repeats):
-            logger = LoggingRunner(CudaTrialRunner(reference, candidate, sets, config))
-            reports.append(measure_speedup(reference, candidate, sets, config, runner=logger).to_dict())
+            logger = LoggingRunner(CudaTrialRunner(reference, candidate, sets, config, compare_outputs))
+            reports.append(measure_speedup(reference, candidate, sets, config, compare_outputs=compare_outputs,
+                                           runner=logger).to_dict())
             probes = len(reports[-1]["details"].get("probes", []))
             timed = logger.calls[2 * reports[-1]["warmup"]:len(logger.calls) - 2 * probes]
             calls.extend(timed)

@@ -51,8 +51,8 @@ def problem_reach(code: str, device: str) -> tuple[str, float, str, tuple[str, s
     import torch
 
     from extensions.config import VerifierConfig
-    from extensions.verify.reference_data import draw_secret, reference_job
-    from extensions.verify.reference_worker import ReferenceBuilder
+    from extensions.verify.parent.reference_data import draw_secret, reference_job
+    from extensions.verify.reference.builder import ReferenceBuilder
 
     builder = ReferenceBuilder(code, reference_job(VerifierConfig(), device), draw_secret())
     builder.build()
@@ -89,7 +89,7 @@ def main() -> None:
 
     import torch
 
-    from extensions.verify.precision import pin_ieee_fp32
+    from extensions.verify.common.precision import pin_ieee_fp32
 
     torch.set_num_threads(1)
     pin_ieee_fp32()  # the reference worker's settings: cuDNN's fp32 convolutions would run in TF32

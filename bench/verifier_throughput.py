@@ -106,8 +106,8 @@ def load_problems(path: str, ids: list[int]) -> dict[int, str]:
 
 def shrunk_source(code: str, config, device: str) -> str:
     """The problem at the sizes the verifier uses, so the baseline does the same work."""
-    from extensions.verify.problem_constants import rewrite_constants
-    from extensions.verify.problem_sizes import shrink_to_cap
+    from extensions.verify.common.problem_constants import rewrite_constants
+    from extensions.verify.common.problem_sizes import shrink_to_cap
 
     cap = config.cpu_max_input_numel if device == "cpu" else config.cuda_max_input_numel
     values, _ = shrink_to_cap(code, cap)
@@ -123,8 +123,8 @@ def baseline_worker(job_dir: str) -> None:
     """Runs in the fresh process: extract, import, build, check ``BASELINE_TRIALS`` seeds, time."""
     import importlib.util
 
-    from extensions.verify.extract import extract_code
-    from extensions.verify.problem_sizes import load_problem
+    from extensions.verify.static.extract import extract_code
+    from extensions.verify.common.problem_sizes import load_problem
 
     job = json.loads(Path(job_dir, "job.json").read_text())
     verdict = {"correct": False, "error": None, "speedup": None}
@@ -330,7 +330,7 @@ def timeline_table(results) -> str:
 @contextlib.contextmanager
 def timed_close():
     """When the batch's workers were started, and when closing them began and ended (monotonic)."""
-    from extensions.verify import launcher
+    from extensions.verify.parent import launcher
 
     original = launcher.WorkerLauncher.close
     seconds: list[tuple[float, float, float]] = []

@@ -11,8 +11,8 @@ import pytest
 
 from extensions.config import VerifierConfig
 from extensions.verify.api import _DevicePool
-from extensions.verify.judge import ProblemPreparer, judge_candidate
-from extensions.verify.sandbox import bwrap_works, choose_isolation
+from extensions.verify.parent.judge import ProblemPreparer, judge_candidate
+from extensions.verify.parent.sandbox import bwrap_works, choose_isolation
 
 PROBLEM = textwrap.dedent("""
     import torch

@@ -117,7 +117,7 @@ def test_wrong_kernel_is_rejected(name, suite_results, verifier_config):
     wrong = WRONG[WRONG_NAMES.index(name)]
     result = suite_results[f"wrong/{name}"]
     assert not result.correct, f"{name} ({wrong.trick}) was accepted: {_describe(result)}"
-    assert result.reward < verifier_config.reward_full_correct
+    assert result.reward < verifier_config.reward_weights.full
     assert _stage_rank(result.stage) <= _stage_rank(wrong.expect_max_stage), \
         f"{name}: passed beyond stage {wrong.expect_max_stage}: {_describe(result)}"
     _check_flags(wrong.expect_flags, wrong.accepted_flags(), result.flags, name)

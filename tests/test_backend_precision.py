@@ -12,13 +12,13 @@ import textwrap
 
 import pytest
 
-from extensions.verify.precision import dots_at_tf32
+from extensions.verify.common.precision import dots_at_tf32
 
 
 def test_reference_settings_are_pinned_and_a_candidates_changes_undone():
     script = textwrap.dedent("""
         import torch
-        from extensions.verify.precision import backend_settings, pin_ieee_fp32, restore
+        from extensions.verify.common.precision import backend_settings, pin_ieee_fp32, restore
         settings = pin_ieee_fp32()
         assert settings["cudnn.allow_tf32"] is False and settings["cuda.matmul.allow_tf32"] is False
         # what a candidate's module may assign at import (policy.ASSIGNABLE_TORCH_SETTINGS)
@@ -39,8 +39,8 @@ def test_reference_settings_are_pinned_and_a_candidates_changes_undone():
 
 
 def test_every_switch_a_candidate_may_assign_is_restored():
-    from extensions.verify.policy import ASSIGNABLE_TORCH_SETTINGS
-    from extensions.verify.precision import SWITCHES
+    from extensions.verify.static.policy import ASSIGNABLE_TORCH_SETTINGS
+    from extensions.verify.common.precision import SWITCHES
 
     assert {f"torch.backends.{path}.{name}" for path, name in SWITCHES} >= ASSIGNABLE_TORCH_SETTINGS
 

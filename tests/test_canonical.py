@@ -15,7 +15,7 @@ import pytest
 
 from extensions.data.canonical import CanonicalizeError, LaunchConfig, canonicalize, detect_dialect
 from extensions.data.canonical.kernel_rules import HELPER_SOURCES
-from extensions.verify.static_check import static_check
+from extensions.verify.static.static_check import static_check
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kernelbook_real"
 PRIVATE = ("torch._inductor", "torch._C", "triton_helpers", "tl_math", "triton_heuristics", "async_compile",

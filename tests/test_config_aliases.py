@@ -31,3 +31,21 @@ def test_an_alias_beside_its_key_or_without_an_equivalent_is_an_error(tmp_path):
         load_config(None, ["rl.loss_type=dr_grpo"])
     with pytest.raises(ConfigError):
         load_config(None, ["rl.num_generationz=4"])  # a typo is still a typo
+
+
+def test_the_old_reward_keys_set_the_one_reward_table_with_a_warning(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("verifier:\n  reward_tiny_correct: 0.45\nrl:\n  reward_weights:\n    compile: 0.25\n")
+    table = load_config(config).verifier.reward_weights
+    assert (table.tiny, table.compile, table.full) == (0.45, 0.25, 0.7)
+    assert capsys.readouterr().err.splitlines() == [
+        "config: rl.reward_weights is deprecated; set verifier.reward_weights instead",
+        "config: verifier.reward_tiny_correct is deprecated; set verifier.reward_weights.tiny instead"]
+    assert load_config(None, ["rl.reward_weights.full=0.8"]).verifier.reward_weights.full == 0.8
+    config.write_text("verifier:\n  reward_compiled: 0.2\n  reward_weights:\n    compile: 0.3\n")
+    with pytest.raises(ConfigError, match="name the same key"):
+        load_config(config)
+    with pytest.raises(ConfigError):
+        load_config(None, ["verifier.reward_compiledd=0.2"])  # a typo is still a typo
+    with pytest.raises(ConfigError):
+        load_config(None, ["rl.reward_weights.fulll=0.2"])

@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from extensions.verify.extract import METHODS, extract_code, normalize_code
+from extensions.verify.static.extract import METHODS, extract_code, normalize_code
 
 KERNEL = '''\
 import torch
@@ -225,7 +225,7 @@ def test_non_text_response_is_an_error():
 
 def test_a_used_reference_class_is_kept_for_the_static_check():
     """Only an unreferenced echo is dropped: subclassing Model must still reach the static check."""
-    from extensions.verify.static_check import static_check
+    from extensions.verify.static.static_check import static_check
 
     inherited = ORIGINAL + "\n\n" + MODELNEW.replace("class ModelNew(nn.Module)", "class ModelNew(Model)")
     result = extract_code(fence(KERNEL + "\n" + inherited.replace("import torch\nimport torch.nn as nn\n", "")))

@@ -89,7 +89,7 @@ def test_candidate_output_never_reaches_the_feedback(results):
 
 def test_timing_result_is_reported_for_a_timed_kernel(tmp_path):
     from extensions.verify.api import _DevicePool
-    from extensions.verify.judge import ProblemPreparer, judge_candidate
+    from extensions.verify.parent.judge import ProblemPreparer, judge_candidate
 
     config = VerifierConfig(device="cpu", timeout_s=120, multi_input_num_tests=1,
                             multi_input_shape_variations=False, timing_num_warmup=1, timing_num_trials=5,

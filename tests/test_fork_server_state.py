@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from extensions.verify.judge import WorkerLauncher, judge_candidate
+from extensions.verify.parent.judge import WorkerLauncher, judge_candidate
 from sandbox_support import BOTH_MODES, candidate, make_ctx
 
 ctx = pytest.fixture(scope="module")(make_ctx)
@@ -80,7 +80,7 @@ def test_children_are_forked_ahead_only_for_candidates_still_to_come(ctx, isolat
     """With two servers per slot, each forks a child ahead while the other's runs; a child forked
     for a candidate that never comes would start CUDA for nothing on a GPU and take seconds to go
     when the batch closes. Three candidates: three children, none left waiting at the end."""
-    from extensions.verify.forkserver import ForkServer
+    from extensions.verify.parent.fork_servers import ForkServer
 
     forked = []
     original = ForkServer.fork

@@ -1,6 +1,6 @@
 """Every correct KernelBench solution in tests/fixtures/candidates/kernelbench/ must pass the
 verifier's whole funnel: correct, no cheating flags; on CPU stage ``full`` with reward
-``reward_full_correct`` (0.7); on CUDA (``KERNEL_RL_TEST_DEVICE=cuda``) also timed, with a speedup.
+``verifier.reward_weights.full`` (0.7); on CUDA (``KERNEL_RL_TEST_DEVICE=cuda``) also timed, with a speedup.
 
 The solutions are real Triton kernels run in the interpreter on the verifier's shrunk and varied
 shapes; problems are read from the shared KernelBench JSONL, never copied. One ``verify_batch`` call
@@ -70,7 +70,7 @@ def test_solution_passes_full_funnel(name, solution_results, verifier_config, ve
     assert result.isolation in ("bwrap", "process")
     if verify_device == "cpu":
         assert result.stage == "full", f"{name}: stage {result.stage} ({result.error})"
-        assert result.reward == pytest.approx(verifier_config.reward_full_correct)
+        assert result.reward == pytest.approx(verifier_config.reward_weights.full)
         # reduced_size is advisory and true where no set above the CPU cap can be built (a shape
         # held in a tuple is not rewritten): the result must then say why.
         assert [f for f in result.flags if f != "reduced_size"] == [], f"{name}: false-positive flags {result.flags}"
@@ -80,4 +80,4 @@ def test_solution_passes_full_funnel(name, solution_results, verifier_config, ve
         assert result.stage == "timing", f"{name}: stage {result.stage} ({result.error})"
         assert not is_cheating(result.flags), f"{name}: false-positive flags {result.flags}"
         assert result.speedup is not None and result.speedup > 0
-        assert verifier_config.reward_full_correct <= result.reward <= 1.0
+        assert verifier_config.reward_weights.full <= result.reward <= 1.0

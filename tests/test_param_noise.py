@@ -4,9 +4,9 @@ or shapes its tensors, and nothing the reference did not perturb may change."""
 import torch
 import torch.nn as nn
 
-from extensions.verify.param_noise import apply_parameter_noise, constant_parameter_keys
-from extensions.verify.problem_constants import find_scalar_constants, rewrite_constants, varied_scalar
-from extensions.verify.handed_files import into_previous_tensors
+from extensions.verify.common.param_noise import apply_parameter_noise, constant_parameter_keys
+from extensions.verify.common.problem_constants import find_scalar_constants, rewrite_constants, varied_scalar
+from extensions.verify.sandboxed.handed_files import into_previous_tensors
 
 
 class Reference(nn.Module):
@@ -90,10 +90,10 @@ def get_init_inputs():
 
 
 def test_constructor_arguments_vary_except_axes():
-    from extensions.verify.reference_worker import ReferenceBuilder
+    from extensions.verify.reference.builder import ReferenceBuilder
 
     from extensions.config import VerifierConfig
-    from extensions.verify.reference_data import reference_job
+    from extensions.verify.parent.reference_data import reference_job
 
     job = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 0}
     secret = {"input_seed": 1, "param_seed": 2, "scalar_factor": 1.5,

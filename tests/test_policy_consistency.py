@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from extensions.verify import policy
-from extensions.verify.audit import PROFILER_ONLY_OPS
+from extensions.verify.static import policy
+from extensions.verify.sandboxed.audit import PROFILER_ONLY_OPS
 
 X = torch.randn(4, 6)
 

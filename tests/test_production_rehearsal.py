@@ -43,7 +43,7 @@ def test_model_built_on_meta_is_initialised_like_a_normal_one(tokenizer):
 
 
 def test_sample_variants_are_distinct_programs_with_the_same_kernels():
-    from extensions.verify.extract import extract_code, normalize_code
+    from extensions.verify.static.extract import extract_code, normalize_code
 
     kernel = (PROJECT_ROOT / "tests/fixtures/candidates/kernelbench/l1_019_relu.py").read_text()
     first, second = (extract_code(sample_variant(kernel, i)).code for i in (0, 1))

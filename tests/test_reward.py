@@ -10,7 +10,7 @@ from extensions.verify import summarize_results
 from extensions.verify.result import VerifyResult
 from extensions.verify.reward import ADVISORY_FLAGS, CHEATING_FLAGS, compute_reward, is_cheating
 
-CFG = VerifierConfig()
+CFG = VerifierConfig().reward_weights
 
 
 @pytest.mark.parametrize("stage, expected", [
@@ -47,10 +47,24 @@ def test_speedup_review_caps_at_full_correct():
 
 
 def test_reward_values_come_from_the_config():
-    cfg = dataclasses.replace(CFG, reward_compiled=0.1, reward_full_correct=0.6, reward_speed_weight=0.4,
-                              reward_speedup_saturation=4.0)
+    cfg = dataclasses.replace(CFG, compile=0.1, full=0.6, speed=0.4, speedup_saturation=4.0)
     assert compute_reward("compile", [], None, cfg) == pytest.approx(0.1)
     assert compute_reward("timing", [], 2.0, cfg) == pytest.approx(0.6 + 0.4 * 0.5)
+
+
+def test_the_old_reward_keys_fill_the_one_table(capsys):
+    from extensions.config import load_config
+
+    cfg = load_config(None, ["verifier.reward_static_fail=0.05", "verifier.reward_compiled=0.1",
+                             "verifier.reward_full_correct=0.6", "verifier.reward_speed_weight=0.4",
+                             "verifier.reward_speedup_saturation=4.0"])
+    table = cfg.verifier.reward_weights
+    assert (table.none, table.extract, table.static) == (0.05, 0.05, 0.05)
+    assert compute_reward("compile", [], None, table) == pytest.approx(0.1)
+    assert compute_reward("timing", [], 2.0, table) == pytest.approx(0.6 + 0.4 * 0.5)
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 5 and all("deprecated" in line for line in warnings)
+    assert "config: verifier.reward_compiled is deprecated; set verifier.reward_weights.compile instead" in warnings
 
 
 def test_summary_counts_where_candidates_were_rejected():
@@ -99,11 +113,12 @@ def test_every_flag_the_verifier_raises_reaches_the_verdict_by_name():
     known, or a caught cheat would lose its name."""
     from pathlib import Path
 
-    from extensions.verify.verdict import add_flags
+    from extensions.verify.parent.verdict import add_flags
 
     root = Path(__file__).resolve().parents[1] / "extensions"
     sources = [root / "verify" / name
-               for name in ("audit.py", "worker.py", "judge.py", "candidate_run.py", "verdict.py")]
+               for name in ("sandboxed/audit.py", "sandboxed/worker.py", "parent/judge.py", "parent/candidate_run.py",
+                            "parent/verdict.py")]
     sources += sorted((root / "timing").glob("*.py"))
     raised = set().union(*(_flags_raised_in(path) for path in sources))
     assert {"host_compute", "decoy_kernel", "audit_tampered", "reduced_size", "timer_patched"} <= raised

@@ -21,6 +21,7 @@ from extensions.training.objectives.rloo import rloo_advantages
 from extensions.training.objectives.token_loss import ClipSettings, clipped_token_loss, normalisation_coefficients
 from extensions.training.rewards import make_score_fn, staged_reward
 from extensions.training.rollouts import Candidate
+from extensions.verify.reward import reward_of
 
 
 def _config(**rl):
@@ -136,9 +137,14 @@ def test_reward_presets_follow_the_funnel_and_zero_cheating():
         assert (score(Candidate("t", 1, 0, "", compiled)), score(Candidate("t", 1, 0, "", full)),
                 score(Candidate("t", 1, 0, "", timed))) == pytest.approx(expected), preset
         assert score(Candidate("t", 1, 0, "", cheat)) == 0.0
-    cfg.rl.reward_preset = "weights"
-    cfg.rl.reward_weights = RewardWeightsConfig(compile=0.2, full=0.6, speed=0.4, speedup_saturation=4.0)
-    assert make_score_fn(cfg.rl)(Candidate("t", 1, 0, "", {**timed, "speedup": 2.0})) == pytest.approx(0.6 + 0.4 * 0.5)
+    # The reward table is the verifier's: each verdict carries its reward, and both names of the
+    # table's preset read it.
+    cfg.verifier.reward_weights = RewardWeightsConfig(compile=0.2, full=0.6, speed=0.4, speedup_saturation=4.0)
+    verdict = {**timed, "speedup": 2.0}
+    verdict["reward"] = reward_of(verdict, cfg.verifier.reward_weights)
+    for preset in ("weights", "verifier"):
+        cfg.rl.reward_preset = preset
+        assert make_score_fn(cfg.rl)(Candidate("t", 1, 0, "", verdict)) == pytest.approx(0.6 + 0.4 * 0.5)
     review = {**timed, "speedup": 50.0, "flags": ["speedup_review"]}
     assert staged_reward(review, {**dict(RewardWeightsConfig().__dict__)}) == pytest.approx(0.7)
 

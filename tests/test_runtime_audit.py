@@ -92,14 +92,14 @@ def test_a_few_scalars_read_back_are_not_host_compute(problems, config):
 
 def test_worker_code_rebound_by_the_candidate_is_audit_tampering(problems, config):
     # The hook test an attacker would want to silence: "is this caller Triton's own code?"
-    code = relu(init="import sys; sys.modules['extensions.verify.audit']._internal_caller = lambda: True")
+    code = relu(init="import sys; sys.modules['extensions.verify.sandboxed.audit']._internal_caller = lambda: True")
     result = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")
     assert not result.correct and "audit_tampered" in result.flags, result
 
 
 def test_policy_data_rebound_by_the_candidate_is_audit_tampering(problems, config):
     """No code changes: the allow-list the audit reads is rebound to admit the ops forward uses."""
-    code = relu(init="import sys; p = sys.modules['extensions.verify.policy']; "
+    code = relu(init="import sys; p = sys.modules['extensions.verify.static.policy']; "
                      "p.ALLOWED_ATEN_OPS = p.ALLOWED_ATEN_OPS | {'mul', 'gt'}",
                 forward="x = x * (x > 0)")
     result = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")
@@ -125,7 +125,7 @@ def test_inputs_differ_between_batches(problems, config):
     code = relu(forward="assert float(x.reshape(-1)[0]) != 0.0 or True")
     first = verify_code_unscreened(problems[(1, 19)]["code"], code, config, device="cpu")
     assert first.correct
-    from extensions.verify.judge import draw_secret
+    from extensions.verify.parent.judge import draw_secret
 
     draws = {draw_secret()["input_seed"] for _ in range(4)}
     assert len(draws) == 4 and all(0 <= seed < 2 ** 62 for seed in draws)
@@ -159,7 +159,7 @@ def test_interpreter_support_autotune_libdevice_tf32_and_program_order():
 
     script = textwrap.dedent("""
         import torch, triton, triton.language as tl
-        from extensions.verify import interpreter_compat
+        from extensions.verify.sandboxed import interpreter_compat
         order = interpreter_compat.install()
         from triton.language.extra import libdevice
 
@@ -235,7 +235,10 @@ def test_timer_notices_a_rebound_clock(monkeypatch):
 
     from extensions.timing.runners import HostTrialRunner
 
-    runner = HostTrialRunner(torch.nn.Identity(), torch.nn.Identity(), [[torch.randn(4)]], VerifierConfig())
+    from extensions.verify.common.compare import compare_outputs
+
+    runner = HostTrialRunner(torch.nn.Identity(), torch.nn.Identity(), [[torch.randn(4)]], VerifierConfig(),
+                             compare_outputs)
     assert runner.timers_intact()
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     assert not runner.timers_intact()
@@ -245,7 +248,7 @@ def test_a_candidate_hiding_work_from_the_timer_is_never_correct():
     from extensions.verify.reward import compute_reward, is_cheating
 
     assert is_cheating(["side_stream_suspected"]) and is_cheating(["timer_patched"])
-    assert compute_reward("timing", ["side_stream_suspected"], 3.0, VerifierConfig()) == 0.0
+    assert compute_reward("timing", ["side_stream_suspected"], 3.0, VerifierConfig().reward_weights) == 0.0
     assert not is_cheating(["reduced_size"])
 
 
@@ -253,7 +256,7 @@ def test_layout_copies_beside_a_real_triton_pass_are_not_a_decoy():
     """The GPU-time share on the profiler's kernel list (name, stream, microseconds): a permute in
     and out around one Triton pass (a third or a tenth of the time in Triton) is a correct kernel; a
     one-element launch beside a transposing copy is a decoy."""
-    from extensions.verify.audit import ForwardReport, _cuda_kernel_flags
+    from extensions.verify.sandboxed.audit import ForwardReport, _cuda_kernel_flags
 
     def flags_for(kernels):
         report = ForwardReport(kernel_names={"rms_rows_kernel"})
@@ -353,8 +356,8 @@ def test_rt_fixtures_are_judged_alike_in_process_isolation(kernelbench_jsonl):
 
 
 def test_a_cpu_verdict_below_the_problems_own_size_says_reduced_size():
-    from extensions.verify.candidate_run import CandidateRun
-    from extensions.verify.judge import PreparedProblem
+    from extensions.verify.parent.candidate_run import CandidateRun
+    from extensions.verify.parent.judge import PreparedProblem
     from extensions.verify.result import VerifyResult
 
     def verdict(shrunk: bool, sets_run: list[str], problem_numel: int = 400) -> VerifyResult:

@@ -22,8 +22,8 @@ import pytest
 
 from extensions.config import VerifierConfig
 from extensions.verify.api import verify_code_unscreened
-from extensions.verify.judge import judge_candidate
-from extensions.verify.sandbox import (PROCESS_ISOLATION_WARNING, PROJECT_ROOT, SandboxedProcess,
+from extensions.verify.parent.judge import judge_candidate
+from extensions.verify.parent.sandbox import (PROCESS_ISOLATION_WARNING, PROJECT_ROOT, SandboxedProcess,
                                        SandboxUnavailable, bwrap_problem, bwrap_works, choose_isolation)
 from sandbox_support import (BOTH_MODES, PROBLEM, candidate, make_ctx, needs_bwrap, processes_with,
                              wait_gone)
@@ -74,7 +74,7 @@ def test_a_batch_without_its_sandbox_stops_at_once_and_leaves_no_reference_runni
         monkeypatch.undo()
         bwrap_problem.cache_clear()
     assert time.monotonic() - started < 30
-    assert not wait_gone("extensions.verify.reference_worker")
+    assert not wait_gone("extensions.verify.reference.reference_worker")
 
 
 @BOTH_MODES
@@ -197,9 +197,9 @@ def test_memory_cap_allows_one_set_not_the_whole_batch_of_sets():
     6 GB of host memory passed on CUDA."""
     import torch
 
-    from extensions.verify.candidate_run import _memory_limit_mb
-    from extensions.verify.reference_data import PreparedProblem
-    from extensions.verify.tensor_io import pack
+    from extensions.verify.parent.candidate_run import _memory_limit_mb
+    from extensions.verify.parent.reference_data import PreparedProblem
+    from extensions.verify.common.tensor_io import pack
 
     def prepared(num_sets: int, model_bytes: int = 0) -> PreparedProblem:
         inputs, expected, sets = {}, {}, []
@@ -248,7 +248,7 @@ def test_fork_server_children_are_fresh_and_private(ctx, isolation):
     """Candidates forked by the same server: one that patches torch and leaves files in its own
     directory (and, under bwrap, next to it in the server's writable directory) changes nothing
     the next one sees. Process isolation promises the same for memory and the own directory."""
-    from extensions.verify.judge import WorkerLauncher
+    from extensions.verify.parent.judge import WorkerLauncher
 
     launcher = WorkerLauncher(ctx.config, "cpu", isolation, ctx.root, total=2, prespawn=False, slots=[None])
     poisoner = candidate(at_import="""
@@ -289,7 +289,7 @@ def test_fresh_workers_started_ahead_are_handed_out(ctx):
     """``fork_server: false`` with ``prespawn_workers`` (every CUDA batch; CPU with cores to spare):
     taking a worker starts the next candidate's ahead. Starting it once deadlocked on the
     launcher's own lock, and the batch hung with no verdict."""
-    from extensions.verify.judge import WorkerLauncher
+    from extensions.verify.parent.judge import WorkerLauncher
 
     config = dataclasses.replace(ctx.config, fork_server=False, timeout_s=30)
     launcher = WorkerLauncher(config, "cpu", "process", ctx.root, total=3, prespawn=True, slots=[None])
@@ -359,8 +359,8 @@ def test_cuda_candidates_fork_from_a_server_that_never_touched_cuda():
 def _worker_in(directory, code: str):
     """A worker (plain subprocess) in ``directory`` with its job, init inputs and candidate written
     as the judge writes them; returns the process and the three hashes ``go`` carries."""
-    from extensions.verify.launcher import write_private
-    from extensions.verify.tensor_io import pack, tensor_bytes
+    from extensions.verify.parent.launcher import write_private
+    from extensions.verify.common.tensor_io import pack, tensor_bytes
 
     init_tensors: dict = {}
     inits = [pack([2.5], "init0", init_tensors)]
@@ -372,7 +372,7 @@ def _worker_in(directory, code: str):
               write_private(str(directory / "candidate.py"), code.encode())]
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(PROJECT_ROOT), "TRITON_INTERPRET": "1",
            "HOME": str(directory)}
-    proc = subprocess.Popen([sys.executable, "-m", "extensions.verify.worker"], cwd=directory, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "extensions.verify.sandboxed.worker"], cwd=directory, env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return proc, hashes
 
@@ -392,8 +392,8 @@ def test_a_file_altered_after_it_was_hashed_is_refused_before_use(tmp_path):
     runs nothing on altered inputs."""
     import torch
 
-    from extensions.verify.launcher import write_private
-    from extensions.verify.tensor_io import pack, tensor_bytes
+    from extensions.verify.parent.launcher import write_private
+    from extensions.verify.common.tensor_io import pack, tensor_bytes
 
     altered_dir = tmp_path / "altered"
     altered_dir.mkdir()
@@ -433,7 +433,7 @@ def test_process_tree_from_the_kernels_children_lists_matches_a_full_scan():
     """The memory watch and the kill walk a candidate's tree down through the kernel's per-thread
     children lists; it must find what a scan of every process finds: children of every thread,
     grandchildren, and not an orphan that left the tree."""
-    from extensions.verify import proctree
+    from extensions.verify.common import proctree
 
     script = ("import os, subprocess, sys, threading, time\n"
               "subprocess.Popen(['sleep', '30'])\n"

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from extensions.config import VerifierConfig
-from extensions.verify.sandbox import PROJECT_ROOT, python_paths
+from extensions.verify.parent.sandbox import PROJECT_ROOT, python_paths
 from sandbox_support import BOTH_MODES, PROBLEM, candidate, make_ctx, needs_bwrap
 
 ctx = pytest.fixture(scope="module")(make_ctx)
@@ -118,7 +118,7 @@ def test_error_text_is_redacted(ctx, monkeypatch, isolation):
 
 
 def test_redaction_unit():
-    from extensions.verify.redact import category_error, redact_line, safe_name, sanitize_data
+    from extensions.verify.parent.redact import category_error, redact_line, safe_name, sanitize_data
 
     os.environ["VERIFY_UNIT_SECRET"] = "unit-secret-value"
     try:

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from extensions.verify.problem_constants import rewrite_constants
-from extensions.verify.problem_sizes import meta_forward_runs, meta_numel, shrink_to_cap
+from extensions.verify.common.problem_constants import rewrite_constants
+from extensions.verify.common.problem_sizes import meta_forward_runs, meta_numel, shrink_to_cap
 
 CPU_CAP = 65536
 # Problems whose sizes are tied in ways that one halving at a time broke.

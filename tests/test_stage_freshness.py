@@ -138,13 +138,13 @@ def test_rl_result_depends_on_its_sft_adapter_and_rewards(tmp_path):
     changes = stage_freshness(paths, cfg, "rl").changes
     assert len(changes) == 1 and changes[0].startswith("input start_adapter: sha256:")
 
-    cfg2, _ = _run(tmp_path, "verifier.reward_compiled=0.2", "rl.verify_chunk_size=7", "eval.max_new_tokens=9")
+    cfg2, _ = _run(tmp_path, "verifier.reward_weights.compile=0.2", "rl.verify_chunk_size=7", "eval.max_new_tokens=9")
     (paths.final("sft") / "adapter_model.safetensors").write_bytes(b"sft weights")
     checkpoints.finalize(paths.final("sft"))
     with pytest.raises(StaleResultError) as raised:
         require_fresh(paths, cfg2, "rl")
     lines = str(raised.value).splitlines()
-    assert lines[1:-1] == ["  verifier.reward_compiled: 0.3 -> 0.2"]  # speed and eval keys do not count
+    assert lines[1:-1] == ["  verifier.reward_weights.compile: 0.3 -> 0.2"]  # speed and eval keys do not count
 
 
 def test_unfinished_rl_continues_with_more_rounds_but_a_finished_one_does_not(tmp_path):

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from extensions.verify import policy, triton_api
-from extensions.verify.static_check import FLAG_DESCRIPTIONS, static_check
+from extensions.verify.static import policy, triton_api
+from extensions.verify.static.static_check import FLAG_DESCRIPTIONS, static_check
 
 HEADER = """\
 import math

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from extensions.verify.extract import extract_code
-from extensions.verify.static_check import FLAG_DESCRIPTIONS, StaticReport, static_check
+from extensions.verify.static.extract import extract_code
+from extensions.verify.static.static_check import FLAG_DESCRIPTIONS, StaticReport, static_check
 
 HEADER = """\
 import math

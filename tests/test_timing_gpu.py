@@ -13,6 +13,7 @@ import torch
 
 from extensions.config.sections import VerifierConfig
 from extensions.timing import gpu_lease, measure_speedup
+from extensions.verify.common.compare import compare_outputs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,7 +59,8 @@ def test_same_kernel_against_itself_reads_one(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_TIMING_LOCK_DIR", str(tmp_path))
     relu = _load("l1_019_relu")
     with gpu_lease(torch.cuda.current_device()):
-        report = measure_speedup(relu.ModelNew(), relu.ModelNew(), _vectors(1 << 24), _config())
+        report = measure_speedup(relu.ModelNew(), relu.ModelNew(), _vectors(1 << 24), _config(),
+                                 compare_outputs=compare_outputs)
     low, high = report.ci95
     assert low <= 1.0 <= high or abs(report.speedup - 1.0) < 0.01, report.to_dict()
     assert report.stable and not report.flags, report.to_dict()
@@ -76,7 +78,8 @@ class TorchSigmoid(torch.nn.Module):
 @pytest.mark.parametrize("launch_cost", ["excluded", "included"])
 def test_honest_triton_candidate_against_pytorch_carries_no_flag(launch_cost):
     sigmoid = _load("l1_021_sigmoid")
-    report = measure_speedup(TorchSigmoid(), sigmoid.ModelNew(), _vectors(1 << 26), _config(timing_launch_cost=launch_cost))
+    report = measure_speedup(TorchSigmoid(), sigmoid.ModelNew(), _vectors(1 << 26),
+                             _config(timing_launch_cost=launch_cost), compare_outputs=compare_outputs)
     assert report.flags == [], report.to_dict()
     assert 0.5 < report.speedup < 2.0, report.to_dict()
     assert _gated_nearly_always(report) if launch_cost == "excluded" else report.launch_cost == "included", report.to_dict()
@@ -85,7 +88,8 @@ def test_honest_triton_candidate_against_pytorch_carries_no_flag(launch_cost):
 def test_launch_gate_takes_host_launch_time_out_of_the_region():
     relu = _load("l1_019_relu")
     sets = _vectors(1 << 14)  # a few microseconds of device work: launch time dominates eager timing
-    reports = {mode: measure_speedup(torch.nn.ReLU(), relu.ModelNew(), sets, _config(timing_launch_cost=mode))
+    reports = {mode: measure_speedup(torch.nn.ReLU(), relu.ModelNew(), sets, _config(timing_launch_cost=mode),
+                                     compare_outputs=compare_outputs)
                for mode in ("excluded", "included")}
     assert _gated_nearly_always(reports["excluded"]), reports["excluded"].to_dict()
     assert reports["excluded"].cand_ms < reports["included"].cand_ms, {m: r.to_dict() for m, r in reports.items()}
@@ -97,7 +101,7 @@ def test_known_byte_ratio_in_the_launch_excluded_mode():
     # an H200 (per-call costs that do not scale with bytes weigh more) while 4 GB held on both GPUs.
     numel = 1 << 30
     sets = _vectors(numel, count=3)
-    report = measure_speedup(sweep.MultiPassSweep(4), sweep.MultiPassSweep(1), sets, _config())
+    report = measure_speedup(sweep.MultiPassSweep(4), sweep.MultiPassSweep(1), sets, _config(), compare_outputs=compare_outputs)
     expected = sweep.bytes_moved(numel, 4) / sweep.bytes_moved(numel, 1)
     assert abs(report.speedup / expected - 1.0) <= 0.03, (expected, report.to_dict())
 
@@ -119,7 +123,7 @@ class WaitsForTheDevice(torch.nn.Module):
 def test_forward_that_waits_for_the_device_is_reported_as_not_gated():
     relu = _load("l1_019_relu")
     report = measure_speedup(relu.ModelNew(), WaitsForTheDevice(relu.ModelNew()), _vectors(1 << 20),
-                             _config(timing_budget_s=0.3))
+                             _config(timing_budget_s=0.3), compare_outputs=compare_outputs)
     assert report.launch_cost == "mixed", report.to_dict()
     assert report.details["launch_excluded_calls"]["candidate"] == 0
     assert report.speedup is not None and "side_stream_suspected" not in report.flags, report.to_dict()
@@ -129,7 +133,7 @@ def test_forward_that_waits_for_the_device_is_reported_as_not_gated():
 def test_side_stream_candidate_is_flagged_and_gains_nothing(launch_cost):
     relu, exploits = _load("l1_019_relu"), _load("exploits")
     report = measure_speedup(relu.ModelNew(), exploits.SideStream(relu.ModelNew()), _vectors(1 << 26),
-                             _config(timing_launch_cost=launch_cost))
+                             _config(timing_launch_cost=launch_cost), compare_outputs=compare_outputs)
     assert "side_stream_suspected" in report.flags or "event_wall_mismatch" in report.flags, report.to_dict()
     assert report.speedup is not None and report.speedup <= 1.2, report.to_dict()
 
@@ -143,6 +147,7 @@ def test_memoiser_gains_nothing(wrapper):
         sets.append([torch.rand(2048, 2048, device="cuda"), torch.rand(2048, 2048, device="cuda")])
     candidate = getattr(exploits, wrapper)(matmul.ModelNew())
     # TF32 against TF32: the reference is the same honest Triton kernel.
-    report = measure_speedup(matmul.ModelNew(), candidate, sets, _config(atol_fp32=1e-2, rtol_fp32=1e-2))
+    report = measure_speedup(matmul.ModelNew(), candidate, sets, _config(atol_fp32=1e-2, rtol_fp32=1e-2),
+                             compare_outputs=compare_outputs)
     assert MEMO_FLAGS & set(report.flags), report.to_dict()
     assert report.speedup is None or report.speedup <= 1.2, report.to_dict()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from extensions.config.sections import VerifierConfig
+from extensions.verify.common.compare import compare_outputs
 from extensions.timing import (
     CallTiming,
     LeaseTimeout,
@@ -580,17 +581,17 @@ def test_large_outputs_are_compared_slice_by_slice_with_the_same_rules(monkeypat
     monkeypatch.setattr(runners, "COMPARE_SLICE", 100)
     config = VerifierConfig()
     reference = torch.randn(3, 150, generator=torch.Generator().manual_seed(5))
-    assert outputs_close(reference, reference.clone(), config)
-    assert outputs_close((reference, torch.ones(2)), (reference.clone(), torch.ones(2)), config)
+    assert outputs_close(reference, reference.clone(), config, compare_outputs)
+    assert outputs_close((reference, torch.ones(2)), (reference.clone(), torch.ones(2)), config, compare_outputs)
     wrong = reference.clone()
     wrong[2, 140] += 1.0  # one element, in the last slice
-    assert not outputs_close(reference, wrong, config)
+    assert not outputs_close(reference, wrong, config, compare_outputs)
     nan_placed = reference.clone()
     nan_placed[1, 3] = float("nan")
-    assert not outputs_close(reference, nan_placed, config)
-    assert not outputs_close(reference, reference.reshape(150, 3).clone(), config)  # shape
-    assert not outputs_close(reference, reference.double(), config)  # dtype
-    assert not outputs_close((reference,), reference.clone(), config)  # structure
+    assert not outputs_close(reference, nan_placed, config, compare_outputs)
+    assert not outputs_close(reference, reference.reshape(150, 3).clone(), config, compare_outputs)  # shape
+    assert not outputs_close(reference, reference.double(), config, compare_outputs)  # dtype
+    assert not outputs_close((reference,), reference.clone(), config, compare_outputs)  # structure
 
 
 # --- the host runner with real modules ----------------------------------------------------------------
@@ -633,7 +634,7 @@ def _input_sets(count=3, size=20000):
 
 def test_host_runner_times_real_modules():
     sets = _input_sets()
-    report = measure_speedup(HeavyScale(), Scale(), sets, _cpu_config())
+    report = measure_speedup(HeavyScale(), Scale(), sets, _cpu_config(), compare_outputs=compare_outputs)
     assert report.method.startswith("paired-interleaved/host-clock")
     assert report.speedup > 2.0 and report.trials == 20
     assert report.last_input_index == 2
@@ -642,7 +643,7 @@ def test_host_runner_times_real_modules():
 
 
 def test_host_runner_catches_an_address_memoiser():
-    report = measure_speedup(Scale(), AddressMemo(), _input_sets(), _cpu_config())
+    report = measure_speedup(Scale(), AddressMemo(), _input_sets(), _cpu_config(), compare_outputs=compare_outputs)
     assert "output_mismatch_during_timing" in report.flags and report.speedup is None
     assert "output_reused" in report.flags  # it hands back the same stored tensor every call
 
@@ -650,11 +651,11 @@ def test_host_runner_catches_an_address_memoiser():
 def test_outputs_close_checks_structure_dtype_and_values():
     config = VerifierConfig()
     a = torch.ones(4)
-    assert outputs_close((a, a), (a.clone(), a.clone()), config)
-    assert not outputs_close(a, a.double(), config)
-    assert not outputs_close(a, a[:3], config)
-    assert not outputs_close(a, a + 1e-2, config)
-    assert not outputs_close((a, a), a, config)
+    assert outputs_close((a, a), (a.clone(), a.clone()), config, compare_outputs)
+    assert not outputs_close(a, a.double(), config, compare_outputs)
+    assert not outputs_close(a, a[:3], config, compare_outputs)
+    assert not outputs_close(a, a + 1e-2, config, compare_outputs)
+    assert not outputs_close((a, a), a, config, compare_outputs)
 
 
 # --- the GPU lease, with real processes ------------------------------------------------------------

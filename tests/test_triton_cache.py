@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from extensions.verify.judge import WorkerLauncher, judge_candidate
-from extensions.verify.phases import PhaseClock, sanitize_phases
-from extensions.verify.triton_cache import TritonCacheSeed, cache_dir_of
+from extensions.verify.parent.judge import WorkerLauncher, judge_candidate
+from extensions.verify.common.phases import PhaseClock, sanitize_phases
+from extensions.verify.parent.triton_cache import TritonCacheSeed, cache_dir_of
 from sandbox_support import BOTH_MODES, candidate, make_ctx
 
 ctx = pytest.fixture(scope="module")(make_ctx)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from extensions.config import VerifierConfig
-from extensions.verify.reference_data import draw_secret, reference_job
-from extensions.verify.reference_worker import (CANCELLATION_CAP, NEGATIVE_LINES_MAX, OUTLIERS_MIN, ROUNDING_SLACK,
-                                                ReferenceBuilder)
+from extensions.verify.parent.reference_data import draw_secret, reference_job
+from extensions.verify.reference.builder import ReferenceBuilder
+from extensions.verify.reference.tolerances import CANCELLATION_CAP, ROUNDING_SLACK
+from extensions.verify.reference.variations import NEGATIVE_LINES_MAX, OUTLIERS_MIN
 
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "max_input_numel": 4096, "tiny_first": False,
        "num_tests": 5, "shape_variations": False}
@@ -112,7 +113,7 @@ def test_without_an_fp64_reference_scale_up_keeps_one_factor():
 def test_a_division_by_exact_zeros_is_kept_and_judged_by_position():
     """A division by an input: exact zeros make inf, in fp64 too, so the set keeps its zeros and a
     kernel must give inf exactly there (one that guards the division with 0 fails)."""
-    from extensions.verify.compare import compare_outputs
+    from extensions.verify.common.compare import compare_outputs
 
     builder = _built(DIVIDED)
     assert "signed" in [s["name"] for s in builder.sets]
@@ -151,7 +152,7 @@ def test_a_gemm_summed_in_another_order_passes_every_set_and_tf32_does_not():
     time) is 1e-4 off where they cancel, and passes every set with it, as it fails the base set
     without it; the same GEMM with TF32 operands, or in bf16, stays outside. A set whose slack is
     negligible against its tolerance (inputs scaled down) stores none."""
-    from extensions.verify.compare import compare_outputs
+    from extensions.verify.common.compare import compare_outputs
 
     secret = {**draw_secret(), "input_seed": 0}
     builder = ReferenceBuilder(LONG_SUM, {**JOB, "max_input_numel": 1 << 20}, secret)
@@ -255,7 +256,7 @@ def test_sets_whose_nan_is_the_functions_own_are_kept_and_compared_by_position()
     """log of a negative number is NaN in fp64 too: the sets with negatives are kept, so a kernel
     that returns log|x| (right on the problem's own positive inputs) is caught; before, every set
     with a NaN was skipped and only the base set ran."""
-    from extensions.verify.compare import compare_outputs
+    from extensions.verify.common.compare import compare_outputs
 
     builder = _built(LOGARITHM)
     names = [s["name"] for s in builder.sets]

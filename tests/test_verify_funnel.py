@@ -249,7 +249,7 @@ def test_timing_protocol_end_to_end_on_cpu(tmp_path):
     """The timing handshake (lease, worker timing, last-output check) on CPU tensors; the numbers
     mean nothing here, the protocol is what is tested. On CUDA the same path runs for real."""
     from extensions.verify.api import _DevicePool
-    from extensions.verify.judge import ProblemPreparer, judge_candidate
+    from extensions.verify.parent.judge import ProblemPreparer, judge_candidate
 
     config = VerifierConfig(device="cpu", timeout_s=120, multi_input_num_tests=3, multi_input_shape_variations=False,
                             timing_num_warmup=1, timing_num_trials=5, timing_budget_s=0.3, timing_max_remeasure=0)
@@ -313,8 +313,8 @@ def test_runtime_audit_catches_what_only_runs(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from extensions.verify.api import _DevicePool
-    from extensions.verify.judge import ProblemPreparer, judge_candidate
-    from extensions.verify.sandbox import choose_isolation
+    from extensions.verify.parent.judge import ProblemPreparer, judge_candidate
+    from extensions.verify.parent.sandbox import choose_isolation
 
     config = VerifierConfig(device="cpu", timeout_s=90, multi_input_num_tests=1)
     pool = _DevicePool("cpu", 2)
@@ -417,7 +417,7 @@ def test_cuda_convolution_is_judged_in_fp32_and_timed_at_the_references_settings
 # -- pieces of the funnel, without processes ----------------------------------------------------
 
 def test_size_constants_are_read_and_rewritten_in_the_source():
-    from extensions.verify.problem_constants import find_size_constants, rewrite_constants
+    from extensions.verify.common.problem_constants import find_size_constants, rewrite_constants
 
     source = "import torch\nN = 2048 * 2\nM: int = N // 4\nflag = True\nname = 'x'\nK = N + M  # derived\n"
     constants = {n: c.value for n, c in find_size_constants(source).items()}
@@ -432,8 +432,8 @@ def test_size_constants_are_read_and_rewritten_in_the_source():
 def test_kernelbench_problems_shrink_under_the_cpu_cap(kernelbench_jsonl):
     import json
 
-    from extensions.verify.problem_constants import rewrite_constants
-    from extensions.verify.problem_sizes import meta_numel, shrink_to_cap
+    from extensions.verify.common.problem_constants import rewrite_constants
+    from extensions.verify.common.problem_sizes import meta_numel, shrink_to_cap
 
     rows = {}
     with open(kernelbench_jsonl) as fh:
@@ -452,7 +452,7 @@ def test_kernelbench_problems_shrink_under_the_cpu_cap(kernelbench_jsonl):
 def test_nan_passes_only_where_the_reference_has_it():
     import torch
 
-    from extensions.verify.compare import compare_outputs
+    from extensions.verify.common.compare import compare_outputs
 
     config = VerifierConfig()
     ref = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
@@ -478,7 +478,7 @@ def test_comparison_in_slices_counts_every_position_of_a_large_output():
     output anywhere (first slice, a slice boundary, the short last slice) is counted exactly."""
     import torch
 
-    from extensions.verify import compare
+    from extensions.verify.common import compare
 
     config = VerifierConfig()
     n = 2 * compare._CHUNK + 7
@@ -509,7 +509,7 @@ def test_atol_grows_only_on_sets_the_verifier_scaled_up():
     """Rounding noise at zero crossings of a x100 output passes there, and nowhere else."""
     import torch
 
-    from extensions.verify.compare import compare_outputs
+    from extensions.verify.common.compare import compare_outputs
 
     config = VerifierConfig()
     ref = torch.linspace(-300.0, 300.0, 1001)
@@ -522,7 +522,7 @@ def test_atol_grows_only_on_sets_the_verifier_scaled_up():
 
 
 def test_scaled_up_set_records_its_output_scale():
-    from extensions.verify.reference_worker import _rms
+    from extensions.verify.reference.tolerances import rms as _rms
 
     import torch
 
@@ -544,8 +544,8 @@ def test_input_files_are_made_once_per_problem_from_the_parents_own_copy():
     import torch
     from safetensors.torch import load
 
-    from extensions.verify import candidate_run
-    from extensions.verify.reference_data import PreparedProblem
+    from extensions.verify.parent import candidate_run
+    from extensions.verify.parent.reference_data import PreparedProblem
 
     before = candidate_run._payload_bytes[0]
     prepared = PreparedProblem(ok=True, inputs={"a": torch.arange(1000.0), "b": torch.ones(3, 4),
@@ -591,8 +591,8 @@ def test_tensor_files_are_safetensors_written_and_read_in_place(tmp_path):
     import torch
     from safetensors.torch import load, save
 
-    from extensions.verify.handed_files import read_checked_buffer
-    from extensions.verify.tensor_io import TensorIOError, save_tensors, tensor_bytes, tensors_in_buffer
+    from extensions.verify.sandboxed.handed_files import read_checked_buffer
+    from extensions.verify.common.tensor_io import TensorIOError, save_tensors, tensor_bytes, tensors_in_buffer
 
     tensors = {"f32": torch.randn(3, 5), "f64": torch.randn(2).double(), "f16": torch.randn(7).half(),
                "bf16": torch.randn(2, 2).bfloat16(), "i64": torch.arange(3), "i8": torch.tensor([1, -2, 3], dtype=torch.int8),
@@ -630,7 +630,7 @@ def test_a_sets_inputs_are_spaced_apart_by_nan_gaps_of_unknown_size():
 
     import torch
 
-    from extensions.verify.handed_files import spaced_apart
+    from extensions.verify.sandboxed.handed_files import spaced_apart
 
     a, b = torch.randn(16, 300), torch.randn(16, 300)
     original = a.clone()
@@ -655,7 +655,7 @@ def test_a_sets_inputs_are_spaced_apart_by_nan_gaps_of_unknown_size():
 def test_each_candidate_meets_the_varied_sets_in_an_order_of_its_own():
     """tiny and base first, wide last, the sets between in a secret order per candidate: a forward
     that counts its calls cannot tell which set it answers (the outliers were always the fifth)."""
-    from extensions.verify.candidate_run import run_order
+    from extensions.verify.parent.candidate_run import run_order
 
     kinds = ["tiny", "base", "values", "shape", "values", "values", "seed", "wide"]
     sets = [{"name": f"set{i}", "kind": kind} for i, kind in enumerate(kinds)]
@@ -678,7 +678,7 @@ def test_cuda_inputs_own_their_storage_and_work_as_fresh_tensors():
     import triton
     import triton.language as tl
 
-    from extensions.verify.handed_files import spaced_apart
+    from extensions.verify.sandboxed.handed_files import spaced_apart
 
     @triton.jit
     def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .cli import add_config_args, announce_config, config_from_args, config_yaml, parse_flags
+from .deprecated import translate_file, translate_override
 from .loader import ConfigError, ConfigHelpRequested, build, override, to_dict, yaml_load
 from .machine import DEFAULT_CONFIG, PROJECT_ROOT, SMOKE_CONFIG, default_config
 from .sections import (
@@ -72,12 +73,13 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         if reserved in data:
             raise ConfigError(f"{path}: '{reserved}' is set by the loader, not by the file")
     try:
-        cfg = build(PipelineConfig, data)
+        cfg = build(PipelineConfig, translate_file(data))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     cfg.source = str(path)
     for assignment in overrides:
-        override(cfg, assignment)
+        for current in translate_override(assignment):
+            override(cfg, current)
     check_sections(cfg)
     return cfg
 

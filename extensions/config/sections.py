@@ -124,7 +124,8 @@ class CurriculumConfig:
 
 @dataclass
 class RewardWeightsConfig:
-    """The reward of each verifier stage reached (``rl.reward_preset: weights``); a cheating flag gives 0."""
+    """The reward table: the reward of each verifier stage reached (``verifier.reward_weights``). The
+    CLI's ``reward``, every verdict's and RL's default preset all read it; a cheating flag gives 0."""
 
     none: float = 0.0  # no code block could be extracted
     extract: float = 0.0  # code extracted, failed the static check
@@ -177,15 +178,15 @@ class RLConfig:
     # best_of_n: expert iteration (SFT on the top_k per task); grpo / rloo / reinforce: clipped
     # token-level policy gradient; reward_weighted: SFT on every sample weighted by its reward.
     algorithm: Literal["best_of_n", "grpo", "rloo", "reinforce", "reward_weighted"] = "best_of_n"
-    # verifier: the verifier's own reward (its reward_* keys); format / correctness / speed: presets
-    # moving the weight from format and compiling to correctness, then speed; weights: reward_weights.
+    # verifier: the reward table (verifier.reward_weights); format / correctness / speed: presets
+    # moving the weight from format and compiling to correctness, then speed; weights: the same as
+    # verifier (the name of the days when the table had a copy here).
     reward_preset: Literal["verifier", "format", "correctness", "speed", "weights"] = "verifier"
     # Your own reward, "module:function" (importable from the working directory or PYTHONPATH):
     # fn(prompts, completions, verdicts, **kw) -> list[float], called once per round. The verifier
     # stays the gate: a cheating flag scores 0 and a candidate that is not correct scores at most
     # what reward_preset gives it (docs/training.md, "Your own reward").
     reward_fn: Optional[str] = None
-    reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
     ppo_epochs: int = 1  # passes over a round's rollouts (policy-gradient algorithms)
     clip_eps_low: float = 0.2  # ratio clipped to [1 - clip_eps_low, 1 + clip_eps_high]
     clip_eps_high: float = 0.28
@@ -197,6 +198,12 @@ class RLConfig:
     # max_turns turns (1: one attempt per sample); turn t trains on R_t = s_t + gamma * R_{t+1}.
     max_turns: int = 1
     gamma: float = 0.4
+
+    def check(self, where: str = "rl") -> None:
+        # ``weights`` named a copy of the reward table kept here; the table is the verifier's now,
+        # which is what ``verifier`` reads.
+        if self.reward_preset == "weights":
+            self.reward_preset = "verifier"
 
 
 @dataclass
@@ -268,13 +275,29 @@ class VerifierConfig:
     timing_memo_ratio: float = 1.5  # fresh-input call this much slower than repeats: memoisation suspected
     # policy
     allow_library_gemm: bool = False
-    # reward
-    reward_static_fail: float = 0.0
-    reward_compiled: float = 0.3
-    reward_tiny_correct: float = 0.5
-    reward_full_correct: float = 0.7
-    reward_speed_weight: float = 0.3
-    reward_speedup_saturation: float = 2.0
+    # The reward table (docs/verifier.md): every verdict's reward, the CLI's and RL's default.
+    reward_weights: RewardWeightsConfig = field(default_factory=RewardWeightsConfig)
+
+    def check(self, where: str = "verifier") -> None:
+        if self.reward_weights.speedup_saturation <= 0:
+            raise ConfigError(f"{where}.reward_weights.speedup_saturation must be > 0, "
+                              f"got {self.reward_weights.speedup_saturation}")
+
+
+# Keys a release before this one read, and the keys that now hold their values (a one-line warning
+# says so when one is used). ``rl.reward_weights`` was a second copy of the reward table, the
+# ``verifier.reward_*`` keys a third; the table now lives once, in ``verifier.reward_weights``.
+_TABLE = "verifier.reward_weights"
+DEPRECATED_KEYS: dict[str, tuple[str, ...]] = {
+    "verifier.reward_static_fail": (f"{_TABLE}.none", f"{_TABLE}.extract", f"{_TABLE}.static"),
+    "verifier.reward_compiled": (f"{_TABLE}.compile",),
+    "verifier.reward_tiny_correct": (f"{_TABLE}.tiny",),
+    "verifier.reward_full_correct": (f"{_TABLE}.full",),
+    "verifier.reward_speed_weight": (f"{_TABLE}.speed",),
+    "verifier.reward_speedup_saturation": (f"{_TABLE}.speedup_saturation",),
+}
+# Whole sections that moved: every key below the old name now lives below the new one.
+MOVED_SECTIONS: dict[str, str] = {"rl.reward_weights": _TABLE}
 
 
 @dataclass

@@ -5,7 +5,11 @@ the worker holds the GPU's lease::
 
     from extensions.timing import gpu_lease, measure_speedup
     with gpu_lease(device_index):
-        report = measure_speedup(reference_model, candidate_model, input_sets, config)
+        report = measure_speedup(reference_model, candidate_model, input_sets, config,
+                                 compare_outputs=compare_outputs)
+
+``compare_outputs`` is the caller's output comparison (the verifier's), handed in so that this
+package imports nothing of the verifier.
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from extensions.timing.report import SpeedupReport
 from extensions.timing.schedule import SpeedupScheduler, TimingSettings, TrialRunner
 
 
-def make_runner(reference, candidate, input_sets: Sequence[Sequence[Any]], config: Any) -> TrialRunner:
+def make_runner(reference, candidate, input_sets: Sequence[Sequence[Any]], config: Any,
+                compare_outputs: Callable[[Any, Any, Any], Any]) -> TrialRunner:
     """The CUDA runner when the inputs live on a GPU, else the host-clock runner."""
     import torch
 
@@ -24,8 +29,8 @@ def make_runner(reference, candidate, input_sets: Sequence[Sequence[Any]], confi
 
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for s in input_sets for x in s)
     if on_gpu:
-        return CudaTrialRunner(reference, candidate, input_sets, config)
-    return HostTrialRunner(reference, candidate, input_sets, config)
+        return CudaTrialRunner(reference, candidate, input_sets, config, compare_outputs)
+    return HostTrialRunner(reference, candidate, input_sets, config, compare_outputs)
 
 
 def measure_speedup(
@@ -34,6 +39,7 @@ def measure_speedup(
     input_sets: Sequence[Sequence[Any]],
     config: Any,
     *,
+    compare_outputs: Callable[[Any, Any, Any], Any],
     runner: Optional[TrialRunner] = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> SpeedupReport:
@@ -41,11 +47,13 @@ def measure_speedup(
 
     ``config`` is a ``VerifierConfig`` (its timing_* fields). ``input_sets`` is a list of argument
     lists, tensors already on the device; use at least two sets (the last one is held back for the
-    memoisation probe). ``runner`` and ``clock`` are injectable for tests.
+    memoisation probe). ``compare_outputs(candidate, reference, config)`` is None when outputs agree
+    (the verifier's comparison: the timer is never more lenient than correctness was). ``runner``
+    and ``clock`` are injectable for tests.
     """
     settings = TimingSettings.from_config(config)
     if not input_sets:
         raise ValueError("measure_speedup needs at least one input set, got none")
     if runner is None:
-        runner = make_runner(reference, candidate, input_sets, config)
+        runner = make_runner(reference, candidate, input_sets, config, compare_outputs)
     return SpeedupScheduler(runner, settings, clock).run()

@@ -9,10 +9,16 @@ cache keyed on addresses or tensor identity returns stale results, which the out
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
+from extensions.timing.tensors import flatten_tensors
+
+# The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
+# agree and describes the first difference otherwise. The verifier hands in its own, so the timer
+# is never more lenient than correctness was, without the timer importing the verifier.
+OutputComparison = Callable[[Any, Any, Any], Any]
 
 # Bytes to write per flush when the device does not report its L2 size (covers H100/H200's 50 MB).
 FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024
@@ -44,40 +50,22 @@ FINGERPRINT_CHUNK = 1 << 26
 _perf_counter = time.perf_counter
 
 
-def flatten_tensors(output: Any) -> list:
-    """The tensors of a model output (a tensor, or nested tuples/lists of them), in order."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, (tuple, list)):
-        tensors = []
-        for item in output:
-            tensors.extend(flatten_tensors(item))
-        return tensors
-    return []
-
-
-def outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
-    """The verifier's own comparison (structure, shape, dtype, NaN/Inf positions, tolerances and
-    the relative-error bound), so the timer is never more lenient than correctness was."""
-    from extensions.verify.compare import compare_outputs
-
+def outputs_close(reference: Any, candidate: Any, config: Any, compare_outputs: OutputComparison) -> bool:
+    """``compare_outputs``, the caller's comparison (the verifier's: structure, shape, dtype, NaN/Inf
+    positions, tolerances and the relative-error bound), a slice at a time on large outputs."""
     tensors = flatten_tensors(reference)
     if not tensors:
         return False
     if max(t.numel() for t in tensors) <= COMPARE_SLICE:
         return compare_outputs(candidate, reference, config) is None
-    return _sliced_outputs_close(reference, candidate, config)
+    return _sliced_outputs_close(reference, candidate, config, compare_outputs)
 
 
-def _sliced_outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
+def _sliced_outputs_close(reference: Any, candidate: Any, config: Any, compare_outputs: OutputComparison) -> bool:
     """``compare_outputs`` on matching slices of each tensor above ``COMPARE_SLICE`` elements, after
     checking structure, shape and dtype whole. The element-wise rules are the same per slice; the
     relative-error bound holding on every slice implies it for the whole tensor."""
     import torch
-
-    from extensions.verify.compare import compare_outputs
 
     if isinstance(reference, torch.Tensor):
         if not isinstance(candidate, torch.Tensor) or candidate.shape != reference.shape \
@@ -90,7 +78,7 @@ def _sliced_outputs_close(reference: Any, candidate: Any, config: Any) -> bool:
         )
     if isinstance(reference, (list, tuple)):
         return isinstance(candidate, (list, tuple)) and len(candidate) == len(reference) and all(
-            _sliced_outputs_close(r, c, config) for r, c in zip(reference, candidate))
+            _sliced_outputs_close(r, c, config, compare_outputs) for r, c in zip(reference, candidate))
     return compare_outputs(candidate, reference, config) is None
 
 
@@ -207,10 +195,11 @@ class _LiveInputs:
 
 
 class _RunnerBase:
-    def __init__(self, reference, candidate, input_sets, config):
+    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison):
         self.models = {REFERENCE: reference, CANDIDATE: candidate}
         self.inputs = _LiveInputs(input_sets)
         self.config = config
+        self.compare_outputs = compare_outputs
         self._last: dict[str, Any] = {}
         self._prints: dict[str, list] = {}
         # Each role's output before the last, kept alive so its storage cannot be handed out again.
@@ -227,7 +216,7 @@ class _RunnerBase:
         self.inputs.load(index)
 
     def outputs_agree(self) -> bool:
-        return outputs_close(self._last[REFERENCE], self._last[CANDIDATE], self.config)
+        return outputs_close(self._last[REFERENCE], self._last[CANDIDATE], self.config, self.compare_outputs)
 
     def fingerprints_agree(self) -> bool:
         return fingerprints_close(self._prints[REFERENCE], self._prints[CANDIDATE], self.config)
@@ -302,10 +291,10 @@ class CudaTrialRunner(_RunnerBase):
     it finds some. The host interval cross-checks both.
     """
 
-    def __init__(self, reference, candidate, input_sets, config, device=None):
+    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison, device=None):
         import torch
 
-        super().__init__(reference, candidate, input_sets, config)
+        super().__init__(reference, candidate, input_sets, config, compare_outputs)
         if device is None:
             device = next(
                 (x.device for x in self.inputs.input_sets[0] if isinstance(x, torch.Tensor) and x.is_cuda),

@@ -1,18 +1,18 @@
-"""The training reward of a judged candidate, from the verifier's stage outcome (``rl.reward_preset``).
+"""The training reward of a judged candidate, from the verifier's verdict (``rl.reward_preset``).
 
-``verifier`` (the default) takes the reward the verifier computed with its own ``reward_*`` keys:
-0 up to a static or compile failure, 0.3 compiled, 0.5 tiny correct, 0.7 full correct, plus up to
-0.3 for speed. The presets move the weight along the funnel, for a schedule that first teaches the
-format, then correctness, then speed:
+``verifier`` (the default) is the reward table, ``verifier.reward_weights``: 0 up to a static or
+compile failure, 0.3 compiled, 0.5 tiny correct, 0.7 full correct, plus up to 0.3 for speed; every
+verdict already carries it (``reward``). The presets are other tables, moving the weight along the
+funnel, for a schedule that first teaches the format, then correctness, then speed:
 
     stage reached      none  extract  static  compile  tiny   full   speed (x min(speedup/2, 1))
     format             0.0   0.2      0.4     0.7      0.85   1.0    0.0
     correctness        0.0   0.0      0.0     0.1      0.4    1.0    0.0
     speed              0.0   0.0      0.0     0.0      0.1    0.5    0.5
 
-``weights`` uses ``rl.reward_weights`` (the same columns). Whatever the preset, any cheating flag
-gives 0, and a ``speedup_review`` flag (an implausible speedup) earns no speed bonus, as in the
-verifier's own reward.
+``weights`` is the old name of ``verifier`` (it named a copy of the table kept in the rl section).
+Every preset goes through the verifier's one computation (``verify.reward.compute_reward``): any
+cheating flag gives 0, and a ``speedup_review`` flag (an implausible speedup) earns no speed bonus.
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..config import ConfigError
-from ..verify.result import STAGES
-from ..verify.reward import is_cheating
+from ..verify.reward import is_cheating, reward_of
 
 PRESETS: dict[str, dict[str, float]] = {
     "format": {"none": 0.0, "extract": 0.2, "static": 0.4, "compile": 0.7, "tiny": 0.85, "full": 1.0,
@@ -40,35 +39,16 @@ ScoreFn = Callable[[object], float]
 
 
 def preset_weights(rl_cfg) -> Optional[dict[str, float]]:
-    """The stage weights of the configured preset; None for ``verifier`` (its own reward)."""
-    if rl_cfg.reward_preset == "verifier":
+    """The table of the configured preset; None for the reward table itself (``verifier``, and its
+    old name ``weights``), whose reward every verdict already carries."""
+    if rl_cfg.reward_preset in ("verifier", "weights"):
         return None
-    if rl_cfg.reward_preset == "weights":
-        w = rl_cfg.reward_weights
-        return {stage: float(getattr(w, stage)) for stage in (*STAGES[:-1], "speed", "speedup_saturation")}
     return dict(PRESETS[rl_cfg.reward_preset])
 
 
 def staged_reward(result: Optional[dict], weights: dict[str, float]) -> float:
-    """Reward of one verdict (``VerifyResult.to_dict()``) under stage ``weights``."""
-    if not result:
-        return 0.0
-    flags = result.get("flags") or []
-    if is_cheating(flags):
-        return 0.0
-    stage = result.get("stage", "none")
-    if stage not in STAGES:
-        return 0.0
-    if stage != "timing":
-        return float(weights[stage])
-    reward = float(weights["full"])
-    speedup = result.get("speedup")
-    if "speedup_review" not in flags and speedup is not None and speedup == speedup and speedup > 0:
-        saturation = weights["speedup_saturation"]
-        if saturation <= 0:
-            raise ValueError("rl.reward_weights.speedup_saturation must be > 0")
-        reward += weights["speed"] * min(speedup / saturation, 1.0)
-    return reward
+    """Reward of one verdict (``VerifyResult.to_dict()``) under the table ``weights``."""
+    return reward_of(result, weights)
 
 
 def make_score_fn(rl_cfg) -> ScoreFn:

@@ -8,7 +8,8 @@ Extraction and the static check run here in the parent (cheap, no process), so u
 cheating candidates cost nothing. Identical candidate source for the same problem is judged once.
 Each problem's input sets and reference outputs are built once per batch by a trusted reference
 process (``reference_worker``); each surviving candidate then runs in its own sandboxed worker
-process (``worker``), which receives inputs, never expected outputs. The parent compares.
+process (``worker``), which receives inputs, never expected outputs. The parent compares. Each
+result's ``reward`` is computed last, from its verdict, under ``verifier.reward_weights`` (``reward``).
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
+from .parent.sandbox import remove_tree
 from .result import STAGES, VerifyResult
-from .reward import compute_reward, is_cheating
-from .sandbox import remove_tree
+from .reward import is_cheating, reward_of
 
 
 @dataclass
@@ -60,7 +61,7 @@ def resolve_device(device: Optional[str], config) -> str:
 
 
 def _isolation(requested: str, device: str) -> str:
-    from .sandbox import SandboxUnavailable, choose_isolation
+    from .parent.sandbox import SandboxUnavailable, choose_isolation
 
     try:
         return choose_isolation(requested, device)
@@ -86,7 +87,7 @@ class _Screened:
 
 
 def _call_static_check(code: str, config):
-    from .static_check import static_check
+    from .static.static_check import static_check
 
     params = inspect.signature(static_check).parameters
     kwargs = {}
@@ -98,14 +99,14 @@ def _call_static_check(code: str, config):
 
 
 def screen(index: int, request: VerifyRequest, config) -> _Screened:
-    from .extract import extract_code
+    from .static.extract import extract_code
 
     label = request.label or f"candidate_{index}"
     item = _Screened(index, label)
     extraction = extract_code(request.candidate_text)
     item.notes["extraction"] = {"method": extraction.method, "candidates_seen": extraction.candidates_seen}
     if extraction.code is None:
-        item.result = VerifyResult(label, stage="none", reward=config.reward_static_fail,
+        item.result = VerifyResult(label, stage="none",
                                    error=f"extract: {extraction.error or 'no code found'}",
                                    details=dict(item.notes))
         return item
@@ -117,7 +118,7 @@ def screen(index: int, request: VerifyRequest, config) -> _Screened:
     flags = list(getattr(report, "flags", []) or [])
     if report is None or not report.ok:
         error = static_error if report is None else "; ".join(report.errors[:2]) or "static check failed"
-        item.result = VerifyResult(label, stage="extract", reward=config.reward_static_fail, flags=flags,
+        item.result = VerifyResult(label, stage="extract", flags=flags,
                                    error=f"static: {error}"[:300], details=dict(item.notes))
         return item
     item.code = extraction.code
@@ -224,8 +225,8 @@ _NO_GATE = _GpuGate()
 def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Optional[str] = None,
                  progress: bool = True) -> list[VerifyResult]:
     """Judge every request; results in the same order. See the module docstring."""
-    from .candidate_run import stage_handover
-    from .judge import ProblemPreparer, WorkerLauncher, judge_candidate
+    from .parent.candidate_run import stage_handover
+    from .parent.judge import ProblemPreparer, WorkerLauncher, judge_candidate
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
@@ -281,7 +282,7 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                     result = judge_candidate(item.code, prepared[item.key[0]].result(), config, device, pool,
                                              isolation, work_root, item.label, launcher=launcher)
                 except Exception as exc:  # noqa: BLE001 - one candidate never ends the batch
-                    from .redact import category_error
+                    from .parent.redact import category_error
 
                     result = VerifyResult(item.label, stage="static", isolation=isolation,
                                           error=category_error("compile", "sandbox", f"{type(exc).__name__}: {exc}"),
@@ -312,6 +313,8 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
             original = judged[first_of[item.key]]
             copy = VerifyResult.from_dict(json.loads(json.dumps(original.to_dict())))
             results.append(replace(copy, candidate=item.label, cached=True))
+    for result in results:  # the verdict is complete: its reward, under the one reward table
+        result.reward = reward_of(result, config.reward_weights)
     return results
 
 
@@ -329,7 +332,6 @@ def _merge_screen(result: VerifyResult, item: _Screened, config) -> None:
     result.details = {**item.notes, **result.details}
     if is_cheating(result.flags):
         result.correct = False
-    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
 
 
 def _progress(total: int, enabled: bool):
@@ -377,7 +379,7 @@ def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: 
     For tests of the sandbox and the runtime audit (code the static check would already reject
     must still be caught at run time) and for re-judging code that already passed the screen.
     """
-    from .judge import ProblemPreparer, judge_candidate
+    from .parent.judge import ProblemPreparer, judge_candidate
 
     config = _verifier_config(config)
     device = resolve_device(device, config)
@@ -389,5 +391,5 @@ def verify_code_unscreened(problem_code: str, code: str, config=None, *, label: 
         result = judge_candidate(code, prepared, config, device, pool, isolation, work_root, label)
     finally:
         remove_tree(work_root)
-    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+    result.reward = reward_of(result, config.reward_weights)
     return result

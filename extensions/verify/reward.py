@@ -1,18 +1,29 @@
-"""The reward of one verified candidate (the RL signal), from its funnel stage, flags and speedup.
+"""The reward of one verdict (the RL signal), from its funnel stage, flags and speedup, under a
+reward table: ``verifier.reward_weights`` (``RewardWeightsConfig``), or one of RL's presets.
 
-    failed static check (or never extracted)   reward_static_fail   (0.0)
-    passed static, failed to compile            reward_static_fail   (0.0)
-    compiled (ModelNew built)                   reward_compiled      (0.3)
-    tiny input set correct                      reward_tiny_correct  (0.5)
-    every input set correct                     reward_full_correct  (0.7)
-    timed                                       0.7 + 0.3 * min(speedup / 2, 1)
+    stage reached                               column               default
+    no code extracted                           none                 0.0
+    extracted, failed the static check          extract              0.0
+    passed static, failed to compile            static               0.0
+    compiled (ModelNew built)                   compile              0.3
+    tiny input set correct                      tiny                 0.5
+    every input set correct                     full                 0.7
+    timed                                       full + speed * min(speedup / speedup_saturation, 1)
+                                                (0.7 + 0.3 * min(speedup / 2, 1))
 
 Any cheating flag zeroes the reward (and the candidate is not correct). Advisory flags do not:
-``speedup_review`` caps the reward at the full-correct value, the others are informational.
+``speedup_review`` earns no speed bonus, the others are informational. The verifier judges; this
+module is the one place a verdict becomes a number (the CLI's ``reward``, every ``VerifyResult``'s,
+and RL's presets).
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
+
+from .result import STAGES
+
+# The columns of a reward table: the funnel's stages before timing, then the speed bonus.
+TABLE_COLUMNS = (*STAGES[:-1], "speed", "speedup_saturation")
 
 # Signals that the answer did not come from Triton doing the work, or that the check was gamed.
 CHEATING_FLAGS = frozenset({
@@ -60,20 +71,34 @@ def is_cheating(flags: Iterable[str]) -> bool:
     return any(flag in CHEATING_FLAGS for flag in flags)
 
 
-def compute_reward(stage: str, flags: Iterable[str], speedup: Optional[float], config) -> float:
+def table_weights(table: Any) -> dict[str, float]:
+    """A reward table (``RewardWeightsConfig`` or a mapping with its columns) as plain numbers."""
+    if isinstance(table, Mapping):
+        return {column: float(table[column]) for column in TABLE_COLUMNS}
+    return {column: float(getattr(table, column)) for column in TABLE_COLUMNS}
+
+
+def compute_reward(stage: str, flags: Iterable[str], speedup: Optional[float], table: Any) -> float:
+    """The reward of a verdict that reached ``stage`` with ``flags`` and ``speedup``, under ``table``."""
     flags = list(flags)
-    if is_cheating(flags):
+    if is_cheating(flags) or stage not in STAGES:
         return 0.0
-    if stage == "timing":
-        if speedup is None or speedup != speedup or speedup <= 0:
-            return config.reward_full_correct
-        bonus = config.reward_speed_weight * min(speedup / config.reward_speedup_saturation, 1.0)
-        reward = config.reward_full_correct + bonus
-        if "speedup_review" in flags:
-            reward = min(reward, config.reward_full_correct)
-        return float(reward)
-    return float({
-        "full": config.reward_full_correct,
-        "tiny": config.reward_tiny_correct,
-        "compile": config.reward_compiled,
-    }.get(stage, config.reward_static_fail))
+    weights = table_weights(table)
+    if stage != "timing":
+        return weights[stage]
+    reward = weights["full"]
+    if "speedup_review" not in flags and speedup is not None and speedup == speedup and speedup > 0:
+        saturation = weights["speedup_saturation"]
+        if saturation <= 0:
+            raise ValueError("verifier.reward_weights.speedup_saturation must be > 0")
+        reward += weights["speed"] * min(speedup / saturation, 1.0)
+    return float(reward)
+
+
+def reward_of(verdict: Any, table: Any) -> float:
+    """``compute_reward`` of a verdict: a ``VerifyResult`` or its ``to_dict()`` (None: 0)."""
+    if not verdict:
+        return 0.0
+    if isinstance(verdict, Mapping):
+        return compute_reward(verdict.get("stage", "none"), verdict.get("flags") or [], verdict.get("speedup"), table)
+    return compute_reward(verdict.stage, verdict.flags, verdict.speedup, table)

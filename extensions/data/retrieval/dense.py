@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .backend import RetrievalUnavailable
+
 DENSE_FILE = "dense.faiss"
 
 
@@ -13,8 +15,6 @@ def _packages():
         import faiss
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
-        from .index import RetrievalUnavailable
-
         raise RetrievalUnavailable(
             f"data.retrieval: dense needs sentence-transformers and faiss ({exc}); install them with "
             "`pip install sentence-transformers faiss-cpu`, or set data.retrieval: lexical") from exc

@@ -26,6 +26,7 @@ from typing import Iterable, Optional
 
 from ...run_files import LOCAL_FILES, RunFiles
 from ..dedup import canonical_tokens, exact_key
+from .backend import RetrievalUnavailable, SearchBackend
 
 EXAMPLES_FILE = "examples.jsonl"
 META_FILE = "meta.json"
@@ -33,10 +34,6 @@ _PLACEHOLDER = re.compile(r"^_v\d+$")
 _WORD = re.compile(r"^[A-Za-z_]\w*$|^\d[\d.eE+-]*$")
 _OPERATORS = frozenset({"+", "-", "*", "/", "//", "%", "**", "@"})
 _FALLBACK_WORDS = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d+)?")
-
-
-class RetrievalUnavailable(ValueError):
-    """The configured retrieval backend cannot run here (a package is missing, no index built)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +141,7 @@ class RetrievalStats:
 @dataclass
 class ExampleRetriever:
     examples: list[Example]
-    backend: object
+    backend: SearchBackend
     meta: dict
     stats: RetrievalStats = field(default_factory=RetrievalStats)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .backend import RetrievalUnavailable
+
 LEXICAL_DIR = "lexical"
 # bm25s picks JAX for top-k when it can; JAX then takes 75% of GPU memory and a later SFT run on that
 # GPU runs out of it. Name the numpy backend everywhere instead.
@@ -25,8 +27,6 @@ def _bm25s():
     try:
         import bm25s
     except ImportError as exc:
-        from .index import RetrievalUnavailable
-
         raise RetrievalUnavailable("data.retrieval: lexical needs the bm25s package (pip install bm25s)") from exc
     finally:
         for name, module in hidden.items():

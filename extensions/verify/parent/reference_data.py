@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .compare import TOLERANCE_FIELDS
+from ..common.compare import TOLERANCE_FIELDS
+from ..common.tensor_io import load_tensors
 from .sandbox import SandboxedProcess
-from .tensor_io import load_tensors
 from .verdict import tail_line
 
 
@@ -43,7 +43,7 @@ def draw_secret() -> dict:
             # 1e9, where the reference's own formula may not.
             "scale_up_tops": [rng.uniform(5.5, 6.0), rng.uniform(4.0, 4.5)],
             # The share of elements that are large in that set: too few for a sample of a few
-            # dozen to find one (``reference_worker.with_outliers``).
+            # dozen to find one (``reference.variations.with_outliers``).
             "scale_up_share": 10 ** rng.uniform(-3.3, -2.7),
             # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
             "shift": rng.uniform(1.5, 3.5),
@@ -124,7 +124,7 @@ class ProblemPreparer:
         started = time.monotonic()
         with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
             proc = SandboxedProcess(
-                [sys.executable, "-m", "extensions.verify.reference_worker", job_dir], job_dir,
+                [sys.executable, "-m", "extensions.verify.reference.reference_worker", job_dir], job_dir,
                 device=self.device, gpu_index=gpu, isolation="process",
                 max_output_bytes=cfg.max_output_bytes,
             )

@@ -3,7 +3,8 @@
 The problem's reference data comes from ``reference_data`` (built once per batch); the candidate
 runs in a worker taken from the launcher and is driven set by set by ``candidate_run``; this module
 holds the verdict's outline: the GPU's gate (correctness runs share it, timing holds it alone), the
-stages in order, and the reward.
+stages in order, and the verdict's reward under the one reward table (``reward.reward_of``; the API
+computes it again once the static check's flags are merged in).
 """
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ import contextlib
 import time
 from typing import Optional
 
+from ..common.phases import PhaseClock
+from ..common.privileges import verifier_undumpable
+from ..result import STAGES, VerifyResult
+from ..reward import CHEATING_FLAGS, is_cheating, reward_of
 from .candidate_run import CandidateRun
 from .launcher import WorkerLauncher
-from .phases import PhaseClock
-from .privileges import verifier_undumpable
 from .redact import redact_line
 from .reference_data import PreparedProblem, ProblemPreparer, draw_secret
-from .result import STAGES, VerifyResult
-from .reward import CHEATING_FLAGS, compute_reward, is_cheating
 from .sandbox import isolation_warnings
 from .verdict import add_flags, fail, status_failure
 
@@ -118,5 +119,5 @@ def judge_candidate(code: str, prepared: PreparedProblem, config, device: str, p
     if launcher.triton_seed is not None:
         result.details["triton_cache_seed"] = launcher.triton_seed.note
     result.correct = result.stage in ("full", "timing") and not is_cheating(result.flags)
-    result.reward = compute_reward(result.stage, result.flags, result.speedup, config)
+    result.reward = reward_of(result, config.reward_weights)
     return result

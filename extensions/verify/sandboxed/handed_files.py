@@ -45,7 +45,7 @@ def read_job(hashes: list[str]) -> tuple[dict, list, bytes]:
     imported and built) and the candidate's checked bytes. ``hashes``: job, init, candidate."""
     from safetensors.torch import load as load_tensor_bytes
 
-    from .tensor_io import unpack
+    from ..common.tensor_io import unpack
 
     if len(hashes) != 3:
         raise AlteredFile("the start command carries no file hashes")
@@ -62,7 +62,7 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     """The values the parent handed over as ``stem``.safetensors + ``stem``.json (deleted once
     read: a set's inputs exist only from just before its run), and the JSON's other fields.
     ``hashes`` (tensors, JSON) came with the command that announced them."""
-    from .tensor_io import tensors_in_buffer, unpack
+    from ..common.tensor_io import tensors_in_buffer, unpack
 
     if len(hashes) != 2:
         raise AlteredFile(f"no hashes came with {stem}")
@@ -89,7 +89,9 @@ def spaced_apart(values: list, device: str) -> list:
     """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
     import torch
 
-    from .tensor_io import flatten_tensors, map_tensors
+    from extensions.timing.tensors import flatten_tensors
+
+    from ..common.tensor_io import map_tensors
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:

@@ -1,7 +1,8 @@
 """A worker process's trusted start-up, before it is given a candidate: imports, CUDA, limits.
 
 Shared by the fresh worker (``worker.main``) and the fork server's children (``forkserver``); none
-of it runs candidate code.
+of it runs candidate code. It imports neither of them: each caller imports the worker itself (the
+fork server before its first fork, so that no child imports it again).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def preload() -> None:
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 
-    from . import audit, integrity, interpreter_compat, tensor_io, worker  # noqa: F401
+    from ..common import tensor_io  # noqa: F401
+    from . import audit, integrity, interpreter_compat  # noqa: F401
 
 
 def limit_memory(limit_mb: int, device: str) -> None:

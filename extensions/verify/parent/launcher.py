@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Optional
 
-from .forkserver import ForkServer, inside_path
+from .fork_servers import ForkServer, inside_path
 from .sandbox import SandboxedProcess, private_code_copy, remove_tree
 from .triton_cache import TritonCacheSeed, cache_dir_of
 
@@ -136,7 +136,7 @@ class WorkerLauncher:
 
     def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
         return SandboxedProcess(
-            [sys.executable, "-m", "extensions.verify.worker"], self.candidate_dir(),
+            [sys.executable, "-m", "extensions.verify.sandboxed.worker"], self.candidate_dir(),
             device=self.device, gpu_index=gpu, isolation=self.isolation,
             max_output_bytes=self.config.max_output_bytes, pythonpath=self.pythonpath, memory_limit_kb=self.memory_limit_kb)
 

@@ -70,7 +70,7 @@ class TritonCacheSeed:
         started = time.monotonic()
         work_dir = tempfile.mkdtemp(prefix="triton-seed-", dir=work_root)
         try:
-            proc = start_process([sys.executable, "-m", "extensions.verify.triton_warmup"], work_dir,
+            proc = start_process([sys.executable, "-m", "extensions.verify.reference.triton_warmup"], work_dir,
                                  device=device, gpu_index=gpu_index, isolation=isolation, pythonpath=pythonpath)
             try:
                 out, err = proc.communicate(timeout=timeout_s)

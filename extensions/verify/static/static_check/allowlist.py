@@ -19,7 +19,7 @@ import ast
 import re
 from typing import Optional
 
-from extensions.verify import policy, value_api
+from extensions.verify.static import policy, value_api
 
 from .ast_helpers import source
 from .findings import Findings

@@ -49,7 +49,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .policy import ALLOWED_CUDA_KERNEL_FRAGMENTS, LIBRARY_GEMM_ATEN_OPS, aten_op_allowed
+from ..static.policy import ALLOWED_CUDA_KERNEL_FRAGMENTS, LIBRARY_GEMM_ATEN_OPS, aten_op_allowed
 
 # Scalars forward may read back to the host (a scale parameter's item()); beyond this many elements
 # the data went through Python.

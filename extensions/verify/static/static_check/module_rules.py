@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from extensions.verify import policy
+from extensions.verify.static import policy
 
 from .ast_helpers import handler_produces_values, source
 from .findings import Findings

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 
+from ..common.tensor_io import TensorIOError
+from ..result import VerifyResult
+from ..reward import ADVISORY_FLAGS, CHEATING_FLAGS, is_cheating
 from .redact import category_error, redact_line, safe_name
-from .result import VerifyResult
-from .reward import ADVISORY_FLAGS, CHEATING_FLAGS, is_cheating
-from .tensor_io import TensorIOError
 
 _MAX_STATUS_BYTES = 1 << 20
 # Words in a worker's error that mean an allocation was refused by the memory cap.

@@ -5,7 +5,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from extensions.verify import policy
+from extensions.verify.static import policy
 
 from .ast_helpers import (
     is_self, is_super_call, local, params, self_attr_source, self_param, source,

@@ -16,7 +16,7 @@ Checks, per output tensor (tuples are compared element-wise):
 * ``slack``: a per-element addition to the tolerance that the reference computed for its set
   where the problem accumulates (a GEMM, a convolution, a sum): a few fp32 roundings of the sum
   of each output's terms' magnitudes, which another correct order of summation may differ by
-  where those terms cancel (``reference_worker.ROUNDING_SLACK``).
+  where those terms cancel (``reference.tolerances.ROUNDING_SLACK``).
 """
 from __future__ import annotations
 

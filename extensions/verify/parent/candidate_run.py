@@ -19,16 +19,18 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Optional
 
-from .compare import compare_outputs, inputs_unchanged
+from extensions.timing.tensors import flatten_tensors
+
+from ..common.compare import compare_outputs, inputs_unchanged
+from ..common.phases import PhaseClock, sanitize_phases
+from ..common.precision import TF32_HINT, dots_at_tf32
+from ..common.tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
+from ..result import VerifyResult
+from ..reward import is_cheating
 from .launcher import write_private
-from .phases import PhaseClock, sanitize_phases
-from .precision import TF32_HINT, dots_at_tf32
 from .redact import safe_name, sanitize_data
 from .reference_data import PreparedProblem
-from .result import VerifyResult
-from .reward import is_cheating
 from .sandbox import SandboxedProcess
-from .tensor_io import TensorIOError, flatten_tensors, load_tensors, pack, tensor_bytes, tensor_parts, unpack
 from .verdict import add_flags, audit_summary, fail, read_status, status_failure, tail_line
 
 
@@ -425,6 +427,7 @@ def stage_handover(prepared: PreparedProblem, timing: bool) -> None:
 
 
 def _plain_config(config) -> dict:
+    """The config's flat settings, all the timer reads (the reward table stays in the parent)."""
     import dataclasses
 
-    return dataclasses.asdict(config)
+    return {key: value for key, value in dataclasses.asdict(config).items() if not isinstance(value, dict)}

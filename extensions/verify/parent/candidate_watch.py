@@ -10,7 +10,7 @@ import os
 import time
 from typing import Optional
 
-from . import proctree
+from ..common import proctree
 
 # How often the memory of the candidate's tree is measured while waiting, and how long to sleep
 # between looks for the status file.

@@ -1,6 +1,6 @@
 """Sandboxed candidate worker: import the candidate, run its forward on the given inputs, report.
 
-    python -m extensions.verify.worker        (cwd: the sandbox directory)
+    python -m extensions.verify.sandboxed.worker       (cwd: the sandbox directory)
 
 Reads ``job.json`` and the init inputs, deletes both, and only then imports the candidate: the
 candidate never sees the job, and no input exists yet while it is imported and built. It never
@@ -40,6 +40,8 @@ from typing import Any
 from .handed_files import CANDIDATE_FILE, AlteredFile, into_previous_tensors, read_checked, read_job, take_handed
 
 _PATHS = re.compile(r"(?:/[\w.\-+@]+)+/")
+# Every module of these packages that runs in the candidate's process is in the integrity snapshot.
+_COVERED_PACKAGES = ("extensions.verify.sandboxed.", "extensions.verify.common.", "extensions.verify.static.")
 
 
 def short_error(exc: BaseException, candidate_file: str = CANDIDATE_FILE) -> str:
@@ -74,7 +76,7 @@ def _write_json(name: str, data: dict) -> None:
 def _storages(value: Any) -> set[int]:
     import torch
 
-    from .tensor_io import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors
 
     return {t.untyped_storage().data_ptr() for t in flatten_tensors(value)
             if isinstance(t, torch.Tensor) and t.numel() > 0}
@@ -146,7 +148,7 @@ class Models:
     def add_parameter_noise(self, model, index: int, reference: bool) -> None:
         """The noise the reference's constant-initialised parameters were given (param_noise.py),
         on ``model`` built from constructor-argument set ``index``."""
-        from .param_noise import apply_parameter_noise
+        from ..common.param_noise import apply_parameter_noise
 
         keys = self.param_noise.get("keys") or []
         apply_parameter_noise(model, int(self.param_noise.get("seed", 0)), keys[index] if index < len(keys) else [],
@@ -167,7 +169,7 @@ def _poison_allocator(output) -> None:
     """Fill freed CUDA memory with NaN so a second run that reads memory it never wrote sees it."""
     import torch
 
-    from .tensor_io import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors
 
     nbytes = sum(t.numel() * t.element_size() for t in flatten_tensors(output))
     if nbytes:
@@ -179,7 +181,7 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
             order=None) -> dict:
     import torch
 
-    from .tensor_io import TensorIOError, pack, save_tensors
+    from ..common.tensor_io import TensorIOError, pack, save_tensors
 
     status: dict[str, Any] = {"ok": False}
     try:
@@ -246,10 +248,11 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
     before the candidate's import: the baseline is timed at the reference's own numerics)."""
     import torch
 
-    from ..config.sections import VerifierConfig
-    from .precision import restore
-    from .problem_sizes import load_problem
-    from .tensor_io import pack, save_tensors
+    from ...config.sections import VerifierConfig
+    from ..common.compare import compare_outputs
+    from ..common.precision import restore
+    from ..common.problem_sizes import load_problem
+    from ..common.tensor_io import pack, save_tensors
 
     try:
         from extensions.timing import measure_speedup
@@ -266,7 +269,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
         reset = restore(backend)
-        report = measure_speedup(reference, model, input_sets, config)
+        report = measure_speedup(reference, model, input_sets, config, compare_outputs=compare_outputs)
         data = report.to_dict()
         if reset:
             data.setdefault("details", {})["backend_settings_reset"] = reset
@@ -311,25 +314,34 @@ class _Verdicts:
 
 
 def _snapshot(device: str):
-    """The code a verdict depends on: this worker, the audit, the comparison, the tensor writer,
-    ``json`` (the status writer) and, on CUDA, the timer (imported now so that it is covered)."""
+    """The code a verdict depends on: this worker, the audit, the comparison, the tensor writer, the
+    policy, ``json`` (the status writer), every other module of the sandbox side and the shared
+    modules loaded by now (start-up, the fork server, privileges, ...) and, on CUDA, the timer
+    (imported now so that it is covered)."""
     import json as json_module
     import json.encoder
 
-    from . import (audit, compare, handed_files, integrity, interpreter_compat, param_noise, policy, precision,
-                   tensor_io, triton_api)
+    from extensions.timing import tensors as output_tensors
+
+    from ..common import compare, param_noise, precision, tensor_io
+    from ..static import policy, triton_api, value_api
+    from . import audit, handed_files, integrity, interpreter_compat
     from .integrity import CodeSnapshot
 
     modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, param_noise,
-               policy, precision, tensor_io, triton_api, json_module, json.encoder]
+               policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module, json.encoder]
+    for prefix in _COVERED_PACKAGES:
+        modules += [module for name, module in sorted(sys.modules.items())
+                    if name.startswith(prefix) and module is not None]
     if device != "cpu":
         try:
-            from extensions.timing import measure, runners, schedule, stats
+            from extensions.timing import measure, runners, schedule, stats, tensors
         except Exception:  # noqa: BLE001 - the timer is optional; run_timing reports its absence
             pass
         else:
-            modules += [measure, runners, schedule, stats]
-    return CodeSnapshot(modules)
+            modules += [measure, runners, schedule, stats, tensors]
+    unique = {id(module): module for module in modules}
+    return CodeSnapshot(unique.values())
 
 
 def serve(control, clock=None) -> None:
@@ -337,12 +349,12 @@ def serve(control, clock=None) -> None:
     holds the phases of a start-up done before (a forked child's warm-up)."""
     import torch
 
+    from ..common.phases import PhaseClock
+    from ..common.precision import pin_ieee_fp32
+    from ..common.privileges import drop_privileges
+    from ..common.proctree import become_subreaper
     from . import interpreter_compat
     from .audit import RuntimeAudit, warm_up_profiler
-    from .phases import PhaseClock
-    from .precision import pin_ieee_fp32
-    from .privileges import drop_privileges
-    from .proctree import become_subreaper
     from .startup import limit_memory, warm_up_cuda
 
     command = control.readline().split()
@@ -420,8 +432,8 @@ def private_control_channel():
 
 
 def main() -> None:
+    from ..common.proctree import die_with_parent
     from .audit import warm_up_profiler
-    from .proctree import die_with_parent
     from .startup import preload
 
     die_with_parent()

@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import proctree
+from ..common import proctree
+from ..common.sandbox_env import INSIDE_CODE_DIR, INSIDE_WORK_DIR, per_candidate_env
 from .candidate_watch import CandidateWatch
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-INSIDE_WORK_DIR = "/sandbox/work"
-INSIDE_CODE_DIR = "/sandbox/code"
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SANDBOX_MARKER_VAR = "VERIFY_SANDBOX_ID"
 
 PROCESS_ISOLATION_WARNING = ("isolation=process: the candidate ran without an OS sandbox (it could read "
@@ -83,17 +82,6 @@ def scrubbed_env(home: str, device: str, gpu_index: Optional[int], pythonpath: s
         env["CUDA_VISIBLE_DEVICES"] = "" if gpu_index is None else str(gpu_index)
         env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # is_available() must not initialise CUDA
     return env
-
-
-def per_candidate_env(home: str) -> dict[str, str]:
-    """Variables that point into the candidate's own directory (set again in each forked child)."""
-    return {
-        "HOME": home, "TMPDIR": home,
-        "TRITON_CACHE_DIR": os.path.join(home, ".triton", "cache"), "TRITON_HOME": home,
-        "XDG_CACHE_HOME": os.path.join(home, ".cache"),
-        "TORCHINDUCTOR_CACHE_DIR": os.path.join(home, ".inductor"),
-        "MPLCONFIGDIR": os.path.join(home, ".mpl"),
-    }
 
 
 # -- what bubblewrap binds ------------------------------------------------------------------------

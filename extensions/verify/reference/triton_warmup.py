@@ -1,6 +1,6 @@
 """Trusted Triton warm-up: fill a fresh Triton cache with the C modules every CUDA worker needs.
 
-    python -m extensions.verify.triton_warmup        (started by ``TritonCacheSeed.build``)
+    python -m extensions.verify.reference.triton_warmup       (started by ``TritonCacheSeed.build``)
 
 Runs no candidate code. Loads Triton's driver utilities and launches a few kernels with the
 argument signatures candidates use most (one to three tensors of fp32/fp16/bf16, 32-bit sizes and

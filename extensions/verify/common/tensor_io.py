@@ -106,17 +106,6 @@ def map_tensors(value: Any, fn) -> Any:
     return value
 
 
-def flatten_tensors(value: Any) -> list[Any]:
-    """Every tensor in a nested output, in order (what the comparison walks)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in flatten_tensors(v)]
-    return []
-
-
 # safetensors' names of the dtypes written by ``_safetensors_parts`` (others go through safetensors).
 _SAFETENSORS_DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",

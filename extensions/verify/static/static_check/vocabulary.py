@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from extensions.verify import policy
+from extensions.verify.static import policy
 
 # Qualified-name prefixes (dotted) that raise a flag wherever they appear: imports and references.
 CATEGORY_PREFIXES: dict[str, tuple[str, ...]] = {

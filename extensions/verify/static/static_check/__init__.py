@@ -1,7 +1,7 @@
 """Static anti-cheat analysis of a candidate module (AST only; nothing is executed).
 
 The check is the boundary that keeps arbitrary Python out of the worker. It is an allow-list
-(:mod:`.allowlist`, vocabulary in :mod:`extensions.verify.policy`): a candidate may import a short
+(:mod:`.allowlist`, vocabulary in :mod:`extensions.verify.static.policy`): a candidate may import a short
 list of modules, reach only the public kernel-writing API of torch and triton, call builtins from a
 short list, and touch no private or dunder name beyond ``__init__``. On top of it, the rules that
 explain *why* something is refused:

@@ -1,0 +1,150 @@
+"""The value variations of the reference's input sets: both signs, large values (outliers), whole
+lines of negative values, small values, exact zeros and the problem's Python floats at other values.
+
+Each is drawn from parameters the parent drew per batch (``reference_data.draw_secret``), which a
+candidate never sees; the builder (``builder.py``) decides which are kept.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..common.problem_constants import varied_scalar
+
+# In order of value when few sets are asked for: both signs first (many problems draw inputs
+# with torch.rand, all positive, where ReLU and identity agree), then large values (past the
+# range of fp32 ``exp``, and past a threshold below 10^t, ``with_outliers``), then whole lines of
+# negative values, some far from zero (a maximum or a softmax started at 0, an activation wrong
+# below some threshold; ``with_negative_lines``), then small ones. The large values are few (``with_outliers``) and of either sign where the
+# fp32 reference stays exact with them; the uniform factor that stands in elsewhere keeps the
+# problem's signs: a sum of large terms of both signs cancels, and its rounding error outgrows
+# any tolerance measured on the output.
+VALUE_VARIATIONS = ("signed", "scale_up", "shift", "scale_down")
+# Sets whose elements are also exactly zero in about this share of places (not ``shift``: a zero
+# there would be the maximum a reduction started at 0 needs).
+ZERO_SHARE = 1 / 16
+WITH_ZEROS = ("signed", "scale_up", "scale_down")
+
+
+def value_transforms(params: dict) -> dict[str, Callable]:
+    """The value variations for one batch, from parameters the parent drew (see ``reference_data.draw_secret``):
+    ``signed`` ``±(x*a - b)``, ``scale_down``/``scale_up`` ``x*s``, ``shift`` ``(x - max(x) - d) * s``
+    (every element negative, far from zero: where ``with_negative_lines`` cannot be used)."""
+    a, b, sign = params["signed"]
+    down, up = float(params["scale_down"]), float(params["scale_up"])
+    below, spread = float(params["shift"]), float(params["shift_scale"])
+
+    def signed(x):
+        return (x * a - b) * sign
+
+    def shifted(x):
+        return (x - x.max() - below) * spread if x.numel() else x
+
+    return {
+        "signed": signed,
+        "scale_down": lambda x: x * down,
+        "scale_up": lambda x: x * up,
+        "shift": shifted,
+    }
+
+
+# Lines made wholly negative in the ``shift`` set, per axis at most (one on an axis shorter than 64:
+# each line there is a large share of the tensor, and a peek would find one).
+NEGATIVE_LINES_MAX = 3
+
+
+def with_negative_lines(params: dict) -> Callable:
+    """``shift`` as lines: the problem's own values, except whole lines along every axis (of two or
+    more elements) at secret places, a few per axis, at ``(x - max(x) - d) * s``: the first line
+    of each axis far from zero (``s`` the batch's ``shift_scale``, every element at -150 or
+    below: exp underflows), the others at ``s = 10^u``, u in [0, 2.5], from -1.5 down. A line
+    along one axis lies wholly in a line of another, so whatever axes a kernel reduces over
+    (one row of a softmax, a pooling window, a channel of a LayerNorm), some of its reductions
+    see only negative values, and a maximum started at 0 fails there. Few: where every element
+    was shifted, one peeked element told the set apart, and a softmax without its row maximum
+    took its exact path only there; here a peek sees the problem's own values (a share of about
+    the lines per axis over the axis length: 3% of a 256 x 192 CPU set). A tensor with fewer than
+    two such axes has one line, itself: all of it is shifted, and a peek tells."""
+    below, far = float(params["shift"]), float(params["shift_scale"])
+
+    def negative_lines(x):
+        import torch
+
+        axes = [axis for axis, size in enumerate(x.shape) if size >= 2]
+        if len(axes) < 2:
+            return (x - x.max() - below) * far if x.numel() else x
+        scale = torch.zeros([1] * x.dim(), dtype=x.dtype, device=x.device)
+        for axis in axes:
+            size = x.shape[axis]
+            count = max(1, min(NEGATIVE_LINES_MAX, size // 32))
+            spreads = torch.pow(10.0, torch.rand(count, device=x.device) * 2.5).to(x.dtype)
+            spreads[0] = far
+            per_index = torch.zeros(size, dtype=x.dtype, device=x.device)
+            per_index[torch.randperm(size, device=x.device)[:count]] = spreads
+            shape = [1] * x.dim()
+            shape[axis] = size
+            scale = torch.maximum(scale, per_index.reshape(shape))
+        return torch.where(scale > 0, (x - x.max() - below) * scale, x)
+
+    return negative_lines
+
+
+# Outliers per tensor at least (all of a smaller one), about half of each sign: a kernel wrong in
+# some band of positive magnitudes (a ReLU that returns 0 between 3.5 and 7) meets about thirteen
+# in a band of a factor two, one wrong above 10^5 about ten; one peeked element of a CPU set
+# (49152 elements) is an outlier in 1% of batches, a sample of 16 in 15% (on CUDA's full sizes
+# the secret share, 0.05-0.2% of the elements, decides).
+OUTLIERS_MIN = 512
+
+
+def with_outliers(params: dict, top: float, either_sign: bool) -> Callable:
+    """``scale_up`` as outliers: the problem's own values, except a secret share of the elements
+    (``scale_up_share``, at least ``OUTLIERS_MIN``) times ``10^(r·top)``, ``r`` uniform per
+    element, and with ``either_sign`` times -1 for about half of them (the problem's
+    ``torch.rand`` draws no negative value, and a LeakyReLU wrong below -2000 met none). A kernel
+    right below some large threshold only (a sigmoid that returns 0 above 1500) is right on any
+    set whose largest element stays below it; this set reaches ``10^top``. Few and
+    at secret places: a kernel that samples a few dozen elements to choose between a fragile path
+    and an exact one (a softmax without its maximum unless the sample looks large) sees the
+    problem's own values and takes the fragile path; where every element is scaled, any sample
+    shows it. Neither exact zeros nor other Python floats: they would tell the set from the base."""
+    share = float(params["scale_up_share"])
+
+    def outliers(x):
+        import torch
+
+        if not x.numel():
+            return x
+        count = min(x.numel(), max(OUTLIERS_MIN, round(share * x.numel())))
+        flat = x.reshape(-1).double()
+        if 4 * count >= x.numel():  # distinct places; on a large tensor a repeat or two costs nothing
+            where = torch.randperm(x.numel(), device=x.device)[:count]
+        else:
+            where = torch.randint(0, x.numel(), (count,), device=x.device)
+        factor = torch.pow(10.0, torch.rand(count, device=x.device, dtype=torch.float64) * top)
+        if either_sign:
+            factor = torch.where(torch.rand(count, device=x.device) < 0.5, -factor, factor)
+        flat[where] = flat[where] * factor
+        return flat.reshape(x.shape).to(x.dtype)
+
+    return outliers
+
+
+def transform_tensors(values: list, fn) -> list:
+    import torch
+
+    return [fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+
+
+def with_zeros(x):
+    """Exact zeros in about ``ZERO_SHARE`` of ``x``'s places (drawn from the set's seed): a kernel
+    wrong at zero only (``tanh(0) = 1``) is right on every other value."""
+    import torch
+
+    return x.masked_fill(torch.rand(x.shape, device=x.device) < ZERO_SHARE, 0.0)
+
+
+def with_scalars_varied(values: list, factor: float) -> list:
+    """The problem's Python float inputs (a scale written into ``get_inputs``) at other values,
+    as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
+    at that value only."""
+    return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
