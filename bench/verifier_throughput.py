@@ -269,10 +269,12 @@ def longest_silence(results, candidates: int) -> tuple[float, float]:
     return longest, began
 
 
-VERIFIER_MODES = {  # key: (row label, fork_server, prebuilt_triton_cache)
-    "fork": ("verify_batch, fork server per slot (one fork per candidate)", True, True),
-    "fork-nocache": ("verify_batch, fork server per slot, no pre-built Triton cache", True, False),
-    "fresh": ("verify_batch, fresh sandboxed process per candidate", False, True),
+VERIFIER_MODES = {  # key: (row label, fork_server, prebuilt_triton_cache, reference_server)
+    "fork": ("verify_batch, fork server per slot (one fork per candidate)", True, True, True),
+    "fork-fresh-references": ("verify_batch, fork server per slot, a fresh reference process per problem",
+                              True, True, False),
+    "fork-nocache": ("verify_batch, fork server per slot, no pre-built Triton cache", True, False, True),
+    "fresh": ("verify_batch, fresh sandboxed process per candidate", False, True, True),
 }
 
 
@@ -383,8 +385,9 @@ def main() -> None:
                         help="calibrated timing of correct kernels (auto: off for --shape pairs)")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--modes", default="fork,fresh",
-                        help="verifier paths to time, in order: fork (fork servers), fork-nocache (fork servers, "
-                             "no pre-built Triton cache), fresh (a fresh sandboxed process per candidate)")
+                        help="verifier paths to time, in order: fork (fork servers), fork-fresh-references (fork "
+                             "servers, a fresh reference process per problem), fork-nocache (fork servers, no "
+                             "pre-built Triton cache), fresh (a fresh sandboxed process per candidate)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     add_config_args(parser)
     args = parser.parse_args()
@@ -432,8 +435,9 @@ def main() -> None:
         for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
             if key not in VERIFIER_MODES:
                 parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
-            mode, fork_server, prebuilt_cache = VERIFIER_MODES[key]
+            mode, fork_server, prebuilt_cache, reference_server = VERIFIER_MODES[key]
             config.fork_server, config.prebuilt_triton_cache = fork_server, prebuilt_cache
+            config.reference_server = reference_server
             started = time.monotonic()
             with timed_close() as closing:
                 results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,

@@ -226,6 +226,10 @@ class VerifierConfig:
     # CUDA: a trusted warm-up builds Triton's C modules (driver utilities, launchers of common
     # kernel signatures) once per batch; each candidate's private Triton cache starts as a copy.
     prebuilt_triton_cache: bool = True
+    # A batch's trusted reference processes build one problem after another (torch imported and
+    # CUDA started once per process, not per problem); a process that fails or times out is
+    # replaced. False: a fresh process per problem.
+    reference_server: bool = True
     # Host memory a candidate's processes may take beyond the worker's own (interpreter, torch,
     # Triton); above it the tree is killed (memory_limit). 0: no cap.
     memory_limit_mb: int = 3072

@@ -57,7 +57,8 @@ def verifier_digest() -> str:
 
 
 # How verification is scheduled, not what it checks: these do not enter a verdict's key.
-_SCHEDULING_KEYS = ("workers", "fork_server", "fork_servers_per_slot", "prespawn_workers", "prebuilt_triton_cache")
+_SCHEDULING_KEYS = ("workers", "fork_server", "fork_servers_per_slot", "prespawn_workers", "prebuilt_triton_cache",
+                    "reference_server")
 
 
 def verdict_key(pair: KernelBookPair, device: str, verifier_cfg: VerifierConfig) -> str:

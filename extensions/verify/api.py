@@ -253,7 +253,7 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
     bar = _progress(len(to_run), progress)
     try:
         problems = {item.key[0]: requests[item.index].problem_code for item in to_run}
-        preparer = ProblemPreparer(config, device, work_root, pool)
+        preparer = ProblemPreparer(config, device, work_root, pool, reuse_processes=config.reference_server)
         # Starting the next worker early only pays where cores are left over (and on GPUs).
         prespawn = config.prespawn_workers and (device == "cuda" or (os.cpu_count() or 1) > 2 * pool.size)
         # Every problem's reference starts at once (trusted, in a process of its own: they need no
@@ -298,6 +298,7 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
                         judged[item.index] = result
             finally:
                 launcher.close()
+                preparer.close()
     finally:
         if bar is not None:
             bar.close()

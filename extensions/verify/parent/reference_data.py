@@ -4,6 +4,11 @@
 input seed and value transforms drawn here per batch from the OS's secure random source
 (``draw_secret``: sent on the reference's stdin, never written to a file). The inputs and expected
 outputs then live in this process's memory only.
+
+A batch of many problems (``verify_batch``) keeps its reference processes between problems
+(``reuse_processes``: ``reference_worker --serve``), so torch's import and the CUDA start-up are
+paid once per process rather than once per problem; a process is dropped after any failure or
+timeout and a fresh one takes its place. A single preparation starts one process and ends it.
 """
 from __future__ import annotations
 
@@ -94,14 +99,66 @@ class PreparedProblem:
     handover_copied: list = field(default_factory=list, repr=False, compare=False)  # bytes those hold
 
 
-class ProblemPreparer:
-    """Builds each problem once (thread-safe); failures are verdicts on the problem, not crashes."""
+REFERENCE_MODULE = "extensions.verify.reference.reference_worker"
 
-    def __init__(self, config, device: str, work_root: str, pool):
+
+@dataclass
+class _Built:
+    """How one reference job ended."""
+    ok: bool
+    timed_out: bool = False
+    error: str = ""
+
+
+class ReferenceServer:
+    """A reference process kept for one problem after another (``reference_worker --serve``):
+    a job goes in as a line on its stdin, the answer comes back as a file in the job's folder."""
+
+    def __init__(self, device: str, gpu: Optional[int], work_root: str, max_output_bytes: int):
+        self.gpu = gpu
+        home = tempfile.mkdtemp(prefix="reference-", dir=work_root)
+        self.proc = SandboxedProcess([sys.executable, "-m", REFERENCE_MODULE, "--serve"], home, device=device,
+                                     gpu_index=gpu, isolation="process", max_output_bytes=max_output_bytes)
+
+    def build(self, job_dir: str, secret: dict, deadline: float) -> _Built:
+        done, failed = os.path.join(job_dir, "prepared.json"), os.path.join(job_dir, "failed.txt")
+        self.proc.send_line(json.dumps({"job_dir": job_dir, "secret": secret}))
+        pause = 0.005
+        while True:
+            if os.path.exists(done):
+                return _Built(True)
+            if os.path.exists(failed):
+                with open(failed, errors="replace") as fh:
+                    lines = fh.read().strip().splitlines()
+                return _Built(False, error=lines[-1] if lines else "reference failed")
+            if self.proc.poll() is not None:
+                outcome = self.proc.finish(time.monotonic() + 5)
+                if os.path.exists(done):
+                    return _Built(True)
+                return _Built(False, error=tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                return _Built(False, timed_out=True)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def close(self) -> None:
+        self.proc.kill()
+
+
+class ProblemPreparer:
+    """Builds each problem once (thread-safe); failures are verdicts on the problem, not crashes.
+    With ``reuse_processes`` its reference processes serve one problem after another until
+    ``close``; without, each problem gets a process of its own."""
+
+    def __init__(self, config, device: str, work_root: str, pool, *, reuse_processes: bool = False):
         self.config, self.device, self.work_root, self.pool = config, device, work_root, pool
+        self.reuse_processes = reuse_processes
         self._lock = threading.Lock()
         self._running: set = set()
+        self._idle: list[ReferenceServer] = []
         self._aborted = False
+        self._closed = False
 
     def abort(self) -> None:
         """Stop every reference now and start none (the batch cannot run)."""
@@ -110,6 +167,63 @@ class ProblemPreparer:
             running = list(self._running)
         for proc in running:
             proc.kill()
+        self.close()
+
+    def close(self) -> None:
+        """End the kept reference processes (a batch's last problem is built)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for server in idle:
+            server.close()
+
+    def _take_server(self, gpu: Optional[int]) -> ReferenceServer:
+        with self._lock:
+            for i, server in enumerate(self._idle):
+                if server.gpu == gpu:
+                    return self._idle.pop(i)
+        return ReferenceServer(self.device, gpu, self.work_root, self.config.max_output_bytes)
+
+    def _build_in_server(self, job_dir: str, secret: dict, gpu: Optional[int], deadline: float) -> _Built:
+        server = self._take_server(gpu)
+        with self._lock:
+            self._running.add(server.proc)
+        if self._aborted:
+            server.proc.kill()
+        try:
+            built = server.build(job_dir, secret, deadline)
+        finally:
+            with self._lock:
+                self._running.discard(server.proc)
+        with self._lock:
+            keep = built.ok and not (self._aborted or self._closed)
+            if keep:
+                self._idle.append(server)
+        if not keep:
+            server.close()
+        return built
+
+    def _build_in_own_process(self, job_dir: str, secret: dict, gpu: Optional[int], deadline: float) -> _Built:
+        proc = SandboxedProcess(
+            [sys.executable, "-m", REFERENCE_MODULE, job_dir], job_dir,
+            device=self.device, gpu_index=gpu, isolation="process",
+            max_output_bytes=self.config.max_output_bytes,
+        )
+        with self._lock:
+            self._running.add(proc)
+        if self._aborted:
+            proc.kill()
+        try:
+            proc.send_line(json.dumps(secret))
+            outcome = proc.finish(deadline)
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        if outcome.timed_out:
+            return _Built(False, timed_out=True)
+        if outcome.returncode != 0 or not os.path.exists(os.path.join(job_dir, "prepared.json")):
+            return _Built(False, error=tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
+        return _Built(True)
 
     def prepare(self, problem_code: str) -> PreparedProblem:
         if self._aborted:
@@ -122,30 +236,18 @@ class ProblemPreparer:
             json.dump(reference_job(cfg, self.device), fh)
         gpu = self.pool.next_gpu()
         started = time.monotonic()
+        secret = draw_secret()
+        # The reference runs several input sets and variations: a few timeouts' worth.
+        deadline = time.monotonic() + 3 * cfg.timeout_s
         with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
-            proc = SandboxedProcess(
-                [sys.executable, "-m", "extensions.verify.reference.reference_worker", job_dir], job_dir,
-                device=self.device, gpu_index=gpu, isolation="process",
-                max_output_bytes=cfg.max_output_bytes,
-            )
-            with self._lock:
-                self._running.add(proc)
-            if self._aborted:
-                proc.kill()
-            try:
-                secret = draw_secret()
-                proc.send_line(json.dumps(secret))
-                # The reference runs several input sets and variations: a few timeouts' worth.
-                outcome = proc.finish(time.monotonic() + 3 * cfg.timeout_s)
-            finally:
-                with self._lock:
-                    self._running.discard(proc)
+            build = self._build_in_server if self.reuse_processes else self._build_in_own_process
+            built = build(job_dir, secret, gpu, deadline)
         seconds = time.monotonic() - started
         prepared_path = os.path.join(job_dir, "prepared.json")
-        if outcome.timed_out:
+        if built.timed_out:
             return PreparedProblem(False, f"reference timed out after {3 * cfg.timeout_s:.0f}s")
-        if outcome.returncode != 0 or not os.path.exists(prepared_path):
-            return PreparedProblem(False, tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
+        if not built.ok:
+            return PreparedProblem(False, built.error)
         with open(prepared_path) as fh:
             data = json.load(fh)
         loading = time.monotonic()
