@@ -30,11 +30,11 @@ from pathlib import Path
 from extensions.cloud import actions
 from extensions.cloud.run_state import ResumePlan, plan_resume, read_run_state, shell_assignments
 from extensions.config import add_config_args, parse_flags
-from extensions.entry_point import run_entry_point, start_config
-from extensions.interrupt import SaveSignal
-from extensions.paths import RunPaths
-from extensions.run_files import LOCAL_FILES, RunFiles
-from extensions.run_lock import lock_run, lock_status
+from extensions.runtime.entry_point import run_entry_point, start_config
+from extensions.runtime.interrupt import SaveSignal
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_files import LOCAL_FILES, RunFiles
+from extensions.runtime.run_lock import lock_run, lock_status
 
 PROG = "resume_training"
 

@@ -149,7 +149,7 @@ summary() {
   local line
   for line in ${STAGE_LINES[@]+"${STAGE_LINES[@]}"}; do echo "  $line"; done
   # What RL really did (candidates per verifier stage, optimizer steps), read from its logs.
-  "$PY" -m extensions.training.activity "${CFG_ARGS[@]}" 2>/dev/null | sed 's/^/  /' || true
+  "$PY" -m extensions.runtime.activity "${CFG_ARGS[@]}" 2>/dev/null | sed 's/^/  /' || true
   read_state 2>/dev/null || true
   echo "  run root     $RUN_ROOT"
   echo "  data         $DATA_DIR"
@@ -175,7 +175,7 @@ on_exit() {
   fi
   stop_watch
   summary
-  [ -n "${LOCK_TOKEN:-}" ] && "$PY" -m extensions.run_lock release "$RUN_ROOT" --token "$LOCK_TOKEN" || true
+  [ -n "${LOCK_TOKEN:-}" ] && "$PY" -m extensions.runtime.run_lock release "$RUN_ROOT" --token "$LOCK_TOKEN" || true
   exit "$rc"
 }
 
@@ -194,7 +194,7 @@ on_signal() {
 }
 
 # The run lock, held for this shell; the stages and the restore share it through KERNEL_RL_RUN_LOCK.
-LOCK_TOKEN="$("$PY" -m extensions.run_lock acquire "$RUN_ROOT" --pid $$)" || exit 73
+LOCK_TOKEN="$("$PY" -m extensions.runtime.run_lock acquire "$RUN_ROOT" --pid $$)" || exit 73
 export KERNEL_RL_RUN_LOCK="$LOCK_TOKEN"
 
 trap on_exit EXIT

@@ -33,7 +33,7 @@ from extensions.cloud.fingerprint import compute_fingerprint  # noqa: E402
 from extensions.cloud.location import S3Location  # noqa: E402
 from extensions.cloud.s3_sync import CheckpointManager  # noqa: E402
 from extensions.config import load_config  # noqa: E402
-from extensions.paths import RunPaths  # noqa: E402
+from extensions.runtime.paths import RunPaths  # noqa: E402
 
 NOTICE_S = 120.0
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from extensions import decoding
-from extensions.decoding import (
+from extensions.generation.decoding import (
     DECODE_ATTENTION,
     DecodeStats,
     attention_implementation,

@@ -17,8 +17,8 @@ def evaluation(tmp_path, project_root):
     from extensions.evaluation.commands import OutputFiles, evaluate_model
     from extensions.evaluation.inputs import load_tasks
     from extensions.evaluation.runner import EvalSettings
-    from extensions.paths import RunPaths
-    from extensions.prompt_builder import PromptBuilder
+    from extensions.runtime.paths import RunPaths
+    from extensions.prompting.builder import PromptBuilder
 
     model_dir = tmp_path / "tiny-model"
     build_tiny_model(model_dir)

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..interrupt import SaveSignal
-from ..paths import RunPaths
+from ..runtime.interrupt import SaveSignal
+from ..runtime.paths import RunPaths
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
-from ..run_files import RunFiles
+from ..runtime.run_files import RunFiles
 from .run_state import ResumePlan
 
 log = logging.getLogger(__name__)

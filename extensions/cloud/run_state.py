@@ -6,10 +6,10 @@ evaluation when ``outputs/compare.json`` exists. Given the run's config, done al
 that config: prepare's report fingerprint matches the data inputs (else prepare runs again, as
 prepare_data.py would), evaluation's comparison names the adapters and eval settings of now (else it
 runs again, reusing generations by adapter content), and a training stage whose result was made
-with other settings is *stale* (``extensions.stage_freshness``): the run stops unless forced.
+with other settings is *stale* (``extensions.runtime.freshness``): the run stops unless forced.
 run_pipeline.sh and resume_training.py both ask this module, so "done" means the same thing to both.
 
-The files are read through a RunFiles view (``extensions.run_files``): this disk, or, for
+The files are read through a RunFiles view (``extensions.runtime.run_files``): this disk, or, for
 ``resume_training.py --dry-run --bucket``, the disk as the restore from S3 will leave it; then each
 done stage also says whether its output is here already or comes with the restore.
 """
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..paths import RunPaths
-from ..run_files import LOCAL_FILES, NotKnownBeforeRestore, RunFiles
-from ..stage_freshness import Freshness, StaleResultError, stage_freshness
+from ..runtime.paths import RunPaths
+from ..runtime.run_files import LOCAL_FILES, NotKnownBeforeRestore, RunFiles
+from ..runtime.freshness import Freshness, StaleResultError, stage_freshness
 
 STAGE_ORDER = ("prepare", "sft", "rl", "eval")
 

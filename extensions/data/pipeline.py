@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from ..paths import retrieval_index_dir
-from ..run_files import LOCAL_FILES, RunFiles
+from ..runtime.paths import retrieval_index_dir
+from ..runtime.run_files import LOCAL_FILES, RunFiles
 from ..verify.problem_constants import find_size_constants
-from ..prompt_builder import PromptBuilder
-from ..prompts import format_completion
+from ..prompting.builder import PromptBuilder
+from ..prompting.templates import format_completion
 from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint

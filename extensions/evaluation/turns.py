@@ -1,5 +1,5 @@
 """Multi-turn evaluation (``evaluate.py --turns T``): each task's samples become trajectories that
-refine their kernel on the verifier's feedback for up to T turns (``extensions.multiturn``).
+refine their kernel on the verifier's feedback for up to T turns (``extensions.generation.multiturn``).
 
 Metrics are given per turn t, over the verdicts standing after t turns (a trajectory solved at turn
 2 counts as correct at turns 2..T; one still failing counts its latest answer): compile rate, correct
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..multiturn import Trajectory, Turn, TurnStats, run_turns
+from ..generation.multiturn import Trajectory, Turn, TurnStats, run_turns
 from ..verify.result import VerifyResult
 from .metrics import compute_metrics
 from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord
@@ -112,8 +112,8 @@ def _write_trajectories(path: Path, trajectories: Sequence[Trajectory], header: 
 def model_callables(model_path: str, model_cfg, settings: EvalSettings, verifier_cfg, device: str,
                     progress: bool):
     """(generate, verify, count_tokens) over a loaded model and the verifier's batch API."""
-    from ..modeling import load_for_inference
-    from ..sampling import SamplingParams, render_prompt_ids, sample_completions
+    from ..models.loading import load_for_inference
+    from ..generation.sampling import SamplingParams, render_prompt_ids, sample_completions
     from ..verify import VerifyRequest, verify_batch
 
     model, tokenizer, _info = load_for_inference(model_path, model_cfg)

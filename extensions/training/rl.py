@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .. import checkpoints
+from ..runtime import checkpoints
 from ..data.retrieval import ExampleRetriever
-from ..modeling import load_tokenizer
-from ..paths import RunPaths
-from ..prompt_builder import PromptBuilder
-from ..sampling import render_prompt_ids
+from ..models.loading import load_tokenizer
+from ..runtime.paths import RunPaths
+from ..prompting.builder import PromptBuilder
+from ..generation.sampling import render_prompt_ids
 from . import state as train_state
 from .batching import DropReport, read_json_rows
 from .candidates import CandidateLog

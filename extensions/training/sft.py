@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import checkpoints
-from ..modeling import attach_lora, enable_gradient_checkpointing, load_adapter, load_base_model, load_tokenizer
-from ..paths import RunPaths
+from ..runtime import checkpoints
+from ..models.loading import attach_lora, enable_gradient_checkpointing, load_adapter, load_base_model, load_tokenizer
+from ..runtime.paths import RunPaths
 from . import state as train_state
 from .batching import read_sft_jsonl, tokenize_examples
 from .distributed import make_dist

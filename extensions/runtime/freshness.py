@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import checkpoints
-from .config.fingerprint import differences, stage_view
+from ..config.fingerprint import differences, stage_view
 from .paths import RunPaths
 from .run_files import LOCAL_FILES, RunFiles
 

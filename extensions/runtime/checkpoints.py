@@ -56,11 +56,11 @@ def write_meta(directory: Path, *, stage: str, config: Any, base_model: str, dat
     tell whether this result still fits its own config), or just a file name where no resolved
     config exists. ``inputs``: content hashes of what the stage read (data files, start adapter).
     """
-    from .config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
+    from ..config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
 
     described: dict[str, Any] = {"config": config, "config_file": config if isinstance(config, str) else None}
     if config is not None and not isinstance(config, str):
-        from .config import config_yaml
+        from ..config import config_yaml
 
         described = {
             "config": resolved_dict(config),
