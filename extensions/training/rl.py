@@ -42,7 +42,7 @@ from .round_stats import multiturn_statistics, round_distributions, round_statis
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
 from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
-from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
+from .stage_common import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
 from .turn_rollouts import collect_trajectories, with_discounted_returns
 
