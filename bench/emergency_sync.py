@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extensions import checkpoints as ck  # noqa: E402
+from extensions.runtime import checkpoints as ck  # noqa: E402
 from extensions.cloud.fingerprint import compute_fingerprint  # noqa: E402
 from extensions.cloud.location import S3Location  # noqa: E402
 from extensions.cloud.s3_sync import CheckpointManager  # noqa: E402

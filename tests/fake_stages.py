@@ -14,7 +14,7 @@ from s3_testing import PROJECT_ROOT, free_port
 
 FAKE_COMMON = r'''
 import argparse, hashlib, json, os, sys, time
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.config import add_config_args, config_from_args
 from extensions.runtime.interrupt import SaveSignal
 from extensions.runtime.paths import RunPaths
@@ -172,7 +172,7 @@ def final_states(paths: RunPaths) -> dict:
 def write_finished_run(cfg) -> RunPaths:
     """A finished run of ``cfg`` as the stages leave it: data with its fingerprint, both final
     adapters recording this config and their inputs, and the comparison of those adapters."""
-    from extensions import checkpoints as ck
+    from extensions.runtime import checkpoints as ck
     from extensions.cloud.run_state import prepared_files
     from extensions.data.pipeline import input_fingerprint
     from extensions.evaluation.commands import comparison_inputs

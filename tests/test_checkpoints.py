@@ -1,6 +1,6 @@
 import json
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.runtime.paths import RunPaths, checkpoint_index
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from extensions import decoding
+from extensions.generation import decoding
 from extensions.generation.decoding import (
     DECODE_ATTENTION,
     DecodeStats,

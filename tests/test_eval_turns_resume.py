@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from extensions import sampling, verify
+from extensions import verify
+from extensions.generation import sampling
 from test_evaluate_cli import build_tiny_model, write_tasks
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import ModelConfig, load_config
 from extensions.export import detach_gguf_quantizer
 from extensions.models.loading import attach_lora, model_meta

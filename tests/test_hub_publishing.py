@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import config_yaml
 from extensions.export.hub import TRAINING_STATE_PATTERNS
 from extensions.export.model_card import CARD

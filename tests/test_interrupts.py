@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.runtime.interrupt import SaveSignal
 from extensions.runtime.paths import RunPaths
 from extensions.training.stages import EXIT_STOPPED

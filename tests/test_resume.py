@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.cloud.location import S3Location
 from extensions.cloud.run_state import plan_resume, prepared_files, read_run_state
 from extensions.cloud.s3_sync import CheckpointManager

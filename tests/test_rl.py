@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
 from extensions.runtime.paths import RunPaths
 from extensions.training import rl as rl_module

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.cloud.restore import Restorer

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
 from extensions.runtime.interrupt import SaveSignal
 from extensions.models.loading import prepare_tokenizer

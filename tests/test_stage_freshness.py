@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
 from extensions.config.fingerprint import config_fingerprint, stage_fingerprint, stage_view
 from extensions.runtime.paths import RunPaths
