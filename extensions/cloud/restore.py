@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..runtime.checkpoints import MANIFEST, atomic_write_text, is_complete, manifest_adapter_hash, read_manifest
+from ..runtime.checkpoints import MANIFEST, is_complete, manifest_adapter_hash, read_manifest
+from ..runtime.io import atomic_write_text
 from ..runtime.paths import RunPaths, checkpoint_index
 from ..runtime.run_files import NotKnownBeforeRestore, RunFiles
 from .failures import likely_cause

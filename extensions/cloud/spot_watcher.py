@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..runtime.checkpoints import atomic_write_json
+from ..runtime.io import atomic_write_json
 from ..runtime.interrupt import SaveSignal
 from .ec2_detect import SpotPolling, spot_polling
 

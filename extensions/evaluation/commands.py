@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..runtime.checkpoints import META, atomic_write_json, is_complete
+from ..runtime.checkpoints import META, is_complete
+from ..runtime.io import atomic_write_json
 from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..runtime.paths import RunPaths
 from ..prompting.builder import PromptBuilder

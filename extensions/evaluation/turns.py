@@ -13,12 +13,12 @@ again; trajectories of tasks whose code changed start over.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..runtime.io import atomic_write_jsonl, read_jsonl
 from ..generation.multiturn import Trajectory, Turn, TurnStats, run_turns
 from ..verify.result import VerifyResult
 from .metrics import compute_metrics
@@ -84,29 +84,23 @@ def restore_trajectories(path: Path, trajectories: Sequence[Trajectory], header:
 
 def _read_trajectories(path: Path) -> tuple[Optional[dict], list[dict]]:
     header, rows = None, []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # written whole by a rename, so only a hand-edited file has such a line
-            if number == 0 and isinstance(record, dict) and "header" in record:
-                header = record["header"]
-            elif isinstance(record, dict) and isinstance(record.get("turns"), list):
-                rows.append(record)
+    # Written whole by a rename, so only a hand-edited file has a line that is not an object: skipped.
+    for number, record in read_jsonl(path, errors="strict"):
+        if number == 1 and "header" in record:
+            header = record["header"]
+        elif isinstance(record.get("turns"), list):
+            rows.append(record)
     return header, rows
 
 
 def _write_trajectories(path: Path, trajectories: Sequence[Trajectory], header: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps({"header": header}) + "\n")
+    def rows():
+        yield {"header": header}
         for trajectory in trajectories:
             task_id, sample = trajectory.key.rsplit("#", 1)
-            handle.write(json.dumps({"task_id": task_id, "sample": int(sample),
-                                     "turns": [turn.to_dict() for turn in trajectory.turns]}) + "\n")
-    os.replace(tmp, path)
+            yield {"task_id": task_id, "sample": int(sample), "turns": [turn.to_dict() for turn in trajectory.turns]}
+
+    atomic_write_jsonl(path, rows(), ensure_ascii=True)
 
 
 def model_callables(model_path: str, model_cfg, settings: EvalSettings, verifier_cfg, device: str,

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..runtime import io as run_io
+
 PREFIX = "fetch:"
 CACHE_ENV = "KERNEL_RL_MODEL_CACHE"
 STAMP = "verified.json"
@@ -107,13 +109,8 @@ def model_dir(model: FetchableModel, cache_dir: Optional[str | Path] = None) -> 
 
 
 def file_sha256(path: Path, progress: Optional[Callable[[int], None]] = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return digest.hexdigest()
+    # Larger blocks than the default: these files are several gigabytes.
+    return run_io.file_sha256(path, chunk=_HASH_CHUNK, progress=progress)
 
 
 def _stamp_matches(stamp: Path, model: FetchableModel, stat: os.stat_result) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from .io import BadLine, read_jsonl
 from .paths import RunPaths
 
 # The verifier's funnel, in order (extensions.verify.result.STAGES): a candidate whose last passed
@@ -55,17 +56,11 @@ class RLActivity:
 
 
 def _json_rows(path: Path, activity: RLActivity) -> Iterator[dict]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                activity.damaged_lines += 1  # a crash mid-write leaves a partial last line
-                continue
-            if isinstance(row, dict):
-                yield row
+    def count_damage(bad: BadLine) -> None:
+        if bad.json_error is not None:  # a crash mid-write leaves a partial last line
+            activity.damaged_lines += 1
+
+    return (row for _, row in read_jsonl(path, count_damage))
 
 
 def rl_activity(paths: RunPaths) -> RLActivity:

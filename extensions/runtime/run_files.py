@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import checkpoints
+from .io import file_sha256
 
 
 class NotKnownBeforeRestore(RuntimeError):
@@ -32,7 +33,7 @@ class RunFiles:
 
     def sha256(self, path: Path) -> Optional[str]:
         """The file's content hash; None when there is no such file."""
-        return checkpoints.sha256_file(path) if Path(path).is_file() else None
+        return file_sha256(path) if Path(path).is_file() else None
 
     def manifest(self, directory: Path) -> Optional[dict]:
         """The manifest of the complete checkpoint at ``directory``; None when there is none."""

@@ -27,6 +27,7 @@ from typing import Optional
 from ..runtime import checkpoints
 from ..data.retrieval import ExampleRetriever
 from ..models.loading import load_tokenizer
+from ..runtime.io import atomic_write_json
 from ..runtime.paths import RunPaths
 from ..prompting.builder import PromptBuilder
 from ..generation.sampling import render_prompt_ids
@@ -302,9 +303,9 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
                   + f"; {turns['prompt_turns_dropped']} earlier turn(s) dropped from prompts", flush=True)
 
     def write_round_files(directory: Path) -> None:
-        checkpoints.atomic_write_json(directory / CURRICULUM_FILE, curriculum.state_dict())
-        checkpoints.atomic_write_json(directory / OBJECTIVE_STATE_FILE, parts.objective.state_dict())
-        checkpoints.atomic_write_json(directory / ROUND_METRICS_FILE, round_metrics)
+        atomic_write_json(directory / CURRICULUM_FILE, curriculum.state_dict())
+        atomic_write_json(directory / OBJECTIVE_STATE_FILE, parts.objective.state_dict())
+        atomic_write_json(directory / ROUND_METRICS_FILE, round_metrics)
 
     saving_started = time.perf_counter()
     round_metrics["seconds"]["round_s"] = saving_started - round_started  # until the save; completed below
