@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from extensions.cloud import actions
-from extensions.cloud.run_state import ResumePlan, plan_resume, read_run_state, shell_assignments
+from extensions.pipeline.run_state import ResumePlan, plan_resume, read_run_state, shell_assignments
 from extensions.config import add_config_args, parse_flags
 from extensions.runtime.entry_point import run_entry_point, start_config
 from extensions.runtime.interrupt import SaveSignal

@@ -8,5 +8,4 @@
     restore.py      list remote checkpoints and restore complete ones, verified
     bucket_setup.py bucket with versioning, SSE-S3 and noncurrent-version expiry
     spot_watcher.py IMDSv2 poller and the interruption handler (save, wait, emergency sync)
-    run_state.py    which stages of a run are done, and the commands that continue it
 """

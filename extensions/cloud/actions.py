@@ -21,7 +21,7 @@ from ..runtime.paths import RunPaths
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
 from ..runtime.run_files import RunFiles
-from .run_state import ResumePlan
+from ..pipeline.run_state import ResumePlan
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
 
 def execute_plan(plan: ResumePlan, paths: RunPaths) -> int:
     """Run the remaining stages in order; the last one replaces this process (signals reach it)."""
-    from .run_state import read_run_state
+    from ..pipeline.run_state import read_run_state
 
     for stage, command in zip(plan.stages[:-1], plan.commands[:-1]):
         print(f"[resume] stage {stage}: {' '.join(command)}", flush=True)

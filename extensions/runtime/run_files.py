@@ -2,7 +2,7 @@
 
 Whether a stage is done, and whether its result still fits the config, is decided by a few small
 files (the data report, checkpoint manifests and ``meta.json``, ``compare.json``), by the presence
-of others and by the content hashes of a few more. The checks (``extensions.cloud.run_state``,
+of others and by the content hashes of a few more. The checks (``extensions.pipeline.run_state``,
 ``extensions.runtime.freshness``, the data pipeline's ``is_up_to_date``, ``comparison_inputs``) read
 them through a RunFiles object. The plain one reads this disk; ``extensions.cloud.restore``'s
 RestoredFiles answers as the disk will look once the run is restored from S3, so a dry run plans
