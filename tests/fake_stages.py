@@ -173,7 +173,7 @@ def write_finished_run(cfg) -> RunPaths:
     """A finished run of ``cfg`` as the stages leave it: data with its fingerprint, both final
     adapters recording this config and their inputs, and the comparison of those adapters."""
     from extensions.runtime import checkpoints as ck
-    from extensions.pipeline.run_state import prepared_files
+    from extensions.pipeline.stages import prepared_files
     from extensions.data.pipeline import input_fingerprint
     from extensions.evaluation.commands import comparison_inputs
     from extensions.runtime.freshness import stage_inputs

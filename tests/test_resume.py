@@ -19,7 +19,9 @@ from pathlib import Path
 
 from extensions.runtime import checkpoints as ck
 from extensions.cloud.location import S3Location
-from extensions.pipeline.run_state import plan_resume, prepared_files, read_run_state
+from extensions.pipeline.run_state import read_run_state
+from extensions.pipeline.runner import plan_resume
+from extensions.pipeline.stages import prepared_files
 from extensions.cloud.s3_sync import CheckpointManager
 from extensions.config import load_config
 from extensions.runtime.paths import RunPaths
@@ -150,7 +152,7 @@ def test_resume_restores_from_s3_then_continues(s3, tmp_path):
 
 
 def test_training_stages_use_the_configured_launcher(tmp_path, monkeypatch):
-    from extensions.pipeline.run_state import LAUNCHER_ENV, visible_gpus
+    from extensions.pipeline.launcher import LAUNCHER_ENV, visible_gpus
 
     monkeypatch.setenv(LAUNCHER_ENV, "accelerate launch --num_processes 8")
     plan = plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, ["--config", "c.yaml"])
