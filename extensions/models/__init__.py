@@ -11,6 +11,10 @@ The cache directory is ``$KERNEL_RL_MODEL_CACHE``, else ``~/.cache/kernel-rl/mod
 a folder there holding the GGUF file and ``verified.json``, written only after the hash matched
 (size and modification time are rechecked on every use; a changed file is hashed again), and
 ``transformers/``, the same weights converted once for fast loading (see ``convert.py``).
+
+Beside fetching: ``loading.py`` loads a model and its tokenizer (hub id, local directory or
+``fetch:``), attaches LoRA and reopens trained adapters; ``tiny.py`` builds the tiny random model
+the tests and the benchmarks' CPU dry runs load like a real one.
 """
 from __future__ import annotations
 
