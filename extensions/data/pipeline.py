@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..prompting.builder import PromptBuilder
+from ..prompting.templates import format_completion
 from ..runtime.io import atomic_write_json, atomic_write_jsonl
 from ..runtime.paths import retrieval_index_dir
 from ..runtime.run_files import LOCAL_FILES, RunFiles
 from ..verify.problem_constants import find_size_constants
-from ..prompting.builder import PromptBuilder
-from ..prompting.templates import format_completion
-from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
@@ -48,6 +47,7 @@ from .kernelbench import EvalTask, read_eval_tasks
 from .kernelbook import KernelBookPair, normalise_row
 from .pair_verification import summarize as summarize_verification, verifier_digest, verify_pairs
 from .report import SourceTally, difficulty_agreement, format_summary
+from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from .sources import read_kernelbench, read_kernelbook, source_identity
 from .splits import split_ids
 

@@ -14,20 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
+from ..prompting.builder import PromptBuilder
+from ..runtime.activity import rl_activity
 from ..runtime.checkpoints import META, is_complete
 from ..runtime.io import atomic_write_json
-from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..runtime.paths import RunPaths
-from ..prompting.builder import PromptBuilder
 from ..runtime.run_files import LOCAL_FILES, RunFiles
-from ..runtime.activity import rl_activity
 from .compare import compare_reports, write_comparison
+from .generation_cache import model_identity, task_code_hash
 from .inputs import GenerationsFile, InputError, load_tasks, read_generations
 from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
-from .generation_cache import model_identity, task_code_hash
 from .turns import (build_trajectories, format_turn_table, model_callables, plot_turn_curves,
                     restore_trajectories, run_turns_evaluation, turns_block)
 

@@ -18,8 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..runtime.checkpoints import META, adapter_content_hash
 from ..prompting.templates import prompt_text_digest
+from ..runtime.checkpoints import META, adapter_content_hash
 from .inputs import read_generations
 from .records import EvalTask
 

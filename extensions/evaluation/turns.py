@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..runtime.io import atomic_write_jsonl, read_jsonl
 from ..generation.multiturn import Trajectory, Turn, TurnStats, run_turns
+from ..runtime.io import atomic_write_jsonl, read_jsonl
 from ..verify.result import VerifyResult
 from .metrics import compute_metrics
 from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import models
-from ..runtime.checkpoints import adapter_content_hash, finalize, is_complete, read_meta
-from ..runtime.io import atomic_write_text
 from ..config.sections import HUB_REPO_ID
 from ..models.loading import looks_like_local_path
+from ..runtime.checkpoints import adapter_content_hash, finalize, is_complete, read_meta
+from ..runtime.io import atomic_write_text
 from ..runtime.paths import RunPaths
 
 CARD = "README.md"

@@ -18,8 +18,8 @@ import sys
 from typing import Callable, Iterable, Optional
 
 from ..config import ConfigError, ConfigHelpRequested, announce_config, config_from_args, config_yaml
-from .run_lock import EXIT_LOCKED, RunLockHeld, is_secondary_rank
 from .freshness import StageCheckError
+from .run_lock import EXIT_LOCKED, RunLockHeld, is_secondary_rank
 
 EXIT_USAGE = 2
 EXIT_CANNOT_WRITE = 74  # sysexits' EX_IOERR

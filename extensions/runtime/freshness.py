@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config.fingerprint import differences, stage_view
 from . import checkpoints
 from . import io as run_io
-from ..config.fingerprint import differences, stage_view
 from .paths import RunPaths
 from .run_files import LOCAL_FILES, RunFiles
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..runtime import checkpoints
 from ..data.retrieval import ExampleRetriever
+from ..generation.sampling import render_prompt_ids
 from ..models.loading import load_tokenizer
+from ..prompting.builder import PromptBuilder
+from ..runtime import checkpoints
 from ..runtime.io import atomic_write_json
 from ..runtime.paths import RunPaths
-from ..prompting.builder import PromptBuilder
-from ..generation.sampling import render_prompt_ids
 from . import state as train_state
 from .batching import DropReport, read_json_rows
 from .candidates import CandidateLog
@@ -39,9 +39,9 @@ from .distributed import make_dist
 from .metrics import MetricsLogger
 from .objectives import Objective, RoundRollouts, UpdateContext, make_objective
 from .rewards import RewardFn, ScoreFn, gated_user_rewards, load_reward_fn, make_score_fn
-from .round_stats import multiturn_statistics, round_distributions, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
+from .round_stats import multiturn_statistics, round_distributions, round_statistics
 from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
 from .stage_common import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings

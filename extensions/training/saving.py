@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..runtime import checkpoints
 from ..config import CheckpointConfig
 from ..models.loading import model_meta
-from ..runtime.paths import RunPaths
+from ..runtime import checkpoints
 from ..runtime.freshness import stage_inputs
+from ..runtime.paths import RunPaths
 from . import state as train_state
 
 

@@ -13,8 +13,8 @@ import math
 import time
 from typing import Optional
 
-from ..runtime import checkpoints
 from ..models.loading import load_tokenizer
+from ..runtime import checkpoints
 from ..runtime.paths import RunPaths
 from . import state as train_state
 from .batching import read_sft_jsonl, tokenize_examples

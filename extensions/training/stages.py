@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
+from ..runtime.freshness import require_fresh, require_rl_start
 from ..runtime.interrupt import SaveSignal
 from ..runtime.paths import RunPaths
 from ..runtime.run_lock import is_secondary_rank
-from ..runtime.freshness import require_fresh, require_rl_start
 
 # The process stopped on request after saving; rerunning the same command resumes.
 EXIT_STOPPED = 75

@@ -18,9 +18,9 @@ import json
 import time
 from typing import Sequence
 
-from ..prompting.feedback import build_feedback
 from ..generation.multiturn import Trajectory, Turn, discounted_returns, fit_prompt, live_trajectories, run_turns
 from ..generation.sampling import SamplingParams, render_prompt_ids
+from ..prompting.feedback import build_feedback
 from ..verify.result import VerifyResult
 from . import rollouts
 from .candidates import CandidateLog, LogContents, turn_sample_record, verdict_record
