@@ -2,7 +2,7 @@
 
 ``plan_resume`` says which stages are left, where training continues and the command of each stage;
 ``execute_plan`` runs such a plan for resume_training.py (the last stage replaces the process).
-``run_stages`` is the pipeline's loop behind run_pipeline.sh: each stage whose complete output exists
+``PipelineRun`` is the pipeline's loop behind run_pipeline.sh: each stage whose complete output exists
 and fits this config is skipped; the others run one at a time, and after each one the run's files
 must show it done before the next starts. The first failure ends the run with the stage's exit
 status (75: it saved a checkpoint on request and stopped; 3: it exited 0 without its output; 2: a
@@ -26,7 +26,7 @@ from ..runtime.paths import RunPaths
 from ..runtime.run_files import LOCAL_FILES, NotKnownBeforeRestore, RunFiles
 from .launcher import training_launcher
 from .run_state import RunState, read_run_state
-from .stages import STAGE_ORDER, STAGES, stage_command
+from .stages import STAGE_ORDER, STAGES, stage_command, stage_named
 
 EXIT_STOPPED_AFTER_SAVE = 75  # train_integrated.py: saved a complete checkpoint on request, then stopped
 EXIT_INCOMPLETE = 3
@@ -103,7 +103,8 @@ def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: li
     state = read_run_state(paths, cfg, force=force, files=files)
     stages = [stage for stage in STAGE_ORDER if not state.done(stage)]
     resume_from, position = _position(state, files)
-    launcher = training_launcher(python, cfg.model.device_map if cfg is not None else None) if {"sft", "rl"} & set(stages) else None
+    trains = any(stage_named(stage).trains for stage in stages)
+    launcher = training_launcher(python, cfg.model.device_map if cfg is not None else None) if trains else None
     commands = [stage_command(stage, python, scripts_dir, config_args, launcher)
                 + (["--force"] if stage in state.stale else []) for stage in stages]
     return ResumePlan(state, stages, commands, resume_from, position,
@@ -121,7 +122,7 @@ def execute_plan(plan: ResumePlan, paths: RunPaths) -> int:
         if not read_run_state(paths).done(stage):
             print(f"[resume] stage {stage} exited 0 but its output is not complete (stopped by a save "
                   "request?); run resume_training.py again to continue", file=sys.stderr)
-            return 3
+            return EXIT_INCOMPLETE
     print(f"[resume] stage {plan.stages[-1]}: {' '.join(plan.commands[-1])}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -184,7 +185,7 @@ class PipelineRun:
 
     def _command(self, stage: str, stale: bool) -> list[str]:
         launcher = None
-        if stage in ("sft", "rl"):
+        if stage_named(stage).trains:
             if self._launcher is None:
                 self._launcher = training_launcher(self.python, self.cfg.model.device_map)
             launcher = self._launcher
