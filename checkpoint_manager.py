@@ -20,10 +20,10 @@ import sys
 
 from extensions.cloud import actions
 from extensions.config import add_config_args, parse_flags
-from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
-from extensions.paths import RunPaths
-from extensions.run_lock import lock_run
-from extensions.stage_freshness import stage_freshness
+from extensions.runtime.entry_point import EXIT_USAGE, run_entry_point, start_config
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_lock import lock_run
+from extensions.runtime.freshness import stage_freshness
 
 PROG = "checkpoint_manager"
 

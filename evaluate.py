@@ -63,7 +63,7 @@ def evaluate(argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    from extensions.entry_point import run_entry_point
+    from extensions.runtime.entry_point import run_entry_point
 
     return run_entry_point("evaluate", evaluate, argv,
                            interrupted_hint="finished generation chunks are saved; a re-run reuses them")

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from extensions.config import add_config_args, parse_flags
 from extensions.data import SourceError, format_summary, prepare
-from extensions.entry_point import EXIT_USAGE, run_entry_point, start_config
-from extensions.paths import RunPaths
-from extensions.run_lock import lock_run
+from extensions.runtime.entry_point import EXIT_USAGE, run_entry_point, start_config
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_lock import lock_run
 
 PROG = "prepare_data"
 

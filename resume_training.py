@@ -12,7 +12,7 @@ the plan and changes nothing; with a bucket it plans the run as the restore will
 stage done locally, done in S3 and restored first, or to run), from the bucket's listing, the
 checkpoint manifests and a few small reads, without downloading the run. A finished run (complete
 rl/final and outputs/compare.json) is left alone. --print-state prints the stage status as shell
-assignments (for run_pipeline.sh).
+assignments (as `python -m extensions.pipeline state` does).
 
 A finished stage or checkpoint made with other settings than this run's (config keys that decide
 the stage, or the data it read; restored ones included) stops the resume with one line per
@@ -23,23 +23,20 @@ lock keeps a second process out of the run directory; --dry-run says who holds i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from extensions.cloud import actions
-from extensions.cloud.run_state import ResumePlan, plan_resume, read_run_state, shell_assignments
+from extensions.pipeline.run_state import read_run_state, shell_assignments
+from extensions.pipeline.runner import ResumePlan, execute_plan, plan_resume
+from extensions.pipeline.stages import scripts_dir
 from extensions.config import add_config_args, parse_flags
-from extensions.entry_point import run_entry_point, start_config
-from extensions.interrupt import SaveSignal
-from extensions.paths import RunPaths
-from extensions.run_files import LOCAL_FILES, RunFiles
-from extensions.run_lock import lock_run, lock_status
+from extensions.runtime.entry_point import run_entry_point, start_config
+from extensions.runtime.interrupt import SaveSignal
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_files import LOCAL_FILES, RunFiles
+from extensions.runtime.run_lock import lock_run, lock_status
 
 PROG = "resume_training"
-
-# Where the stage scripts live; tests point it at stand-ins.
-SCRIPTS_DIR = Path(os.environ.get("KERNEL_RL_SCRIPTS_DIR") or Path(__file__).resolve().parent)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,7 +69,7 @@ def resume(argv=None) -> int:
     config_args = ["--config", str(cfg.source)] + [token for item in args.overrides for token in ("--set", item)]
 
     def make_plan(files: RunFiles = LOCAL_FILES) -> ResumePlan:
-        return plan_resume(paths, sys.executable, SCRIPTS_DIR, config_args, cfg, force=args.force, files=files)
+        return plan_resume(paths, sys.executable, scripts_dir(), config_args, cfg, force=args.force, files=files)
 
     if location is not None:
         if args.dry_run:
@@ -85,7 +82,7 @@ def resume(argv=None) -> int:
     if args.dry_run or not plan.stages:
         return 0
     SaveSignal.for_run(paths).clear_request()
-    return actions.execute_plan(plan, paths)
+    return execute_plan(plan, paths)
 
 
 def main(argv=None) -> int:

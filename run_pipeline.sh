@@ -31,7 +31,6 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-SCRIPTS_DIR="${KERNEL_RL_SCRIPTS_DIR:-$HERE}"  # where the stage scripts live (tests use stand-ins)
 PY="${PYTHON:-python3}"
 
 # The comment block at the top of this file, up to its first line that is not a comment.
@@ -59,7 +58,6 @@ done
 
 log() { printf '[pipeline %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 banner() { printf '\n======== %s ========\n' "$*"; }
-duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
 if [ -n "$CONFIG" ] && [ "$SMOKE" = 1 ]; then
   echo "run_pipeline.sh: give --config or --smoke, not both" >&2; exit 2
@@ -70,7 +68,7 @@ if [ -n "$CONFIG" ]; then
 elif [ "$SMOKE" = 1 ]; then
   CONFIG="$HERE/configs/smoke.yaml"
 fi
-# Without a config named, resume_training.py --print-state reports the one the machine calls for
+# Without a config named, `python -m extensions.pipeline state` reports the one the machine calls for
 # (CONFIG_FILE); every stage is then given that file, so all of them read the same run.
 CFG_ARGS=(${CONFIG:+--config "$CONFIG"} ${SETS[@]+"${SETS[@]}"})
 FORCE_ARGS=()
@@ -90,28 +88,24 @@ if missing:
 EOF
 then exit 1; fi
 
-# Stage status from resume_training.py; it fails (exit 2, with the keys that differ) when a saved
-# training result was made with other settings and --force was not given.
-read_state() {
+# Where the run lives (and, without --config, the config the machine calls for), from the pipeline
+# package; it fails (exit 2, with the keys that differ) when a saved training result was made with
+# other settings and --force was not given.
+read_location() {
   local assignments
-  assignments="$("$PY" "$HERE/resume_training.py" "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} \
-    ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"} --print-state)" || return $?
+  assignments="$("$PY" -m extensions.pipeline state "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} \
+    ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"})" || return $?
   eval "$assignments"
 }
-read_state || exit $?
+read_location || exit $?
 if [ -z "$CONFIG" ]; then
   CONFIG="$CONFIG_FILE"
   CFG_ARGS=(--config "$CONFIG" ${SETS[@]+"${SETS[@]}"})
   log "no --config given: $CONFIG ($CONFIG_REASON)"
 fi
 
-STAGE_LINES=()
-FAILED_STAGE=""
-INTERRUPTED=""
-CURRENT_STAGE=""
-CHILD_PID=""
+RUNNER_PID=""
 WATCH_PID=""
-PIPELINE_START=$SECONDS
 
 start_watch() {
   mkdir -p "$LOGS_DIR"
@@ -144,125 +138,56 @@ stop_watch() {
   fi
 }
 
-summary() {
-  banner "summary ($(duration $((SECONDS - PIPELINE_START))))"
-  local line
-  for line in ${STAGE_LINES[@]+"${STAGE_LINES[@]}"}; do echo "  $line"; done
-  # What RL really did (candidates per verifier stage, optimizer steps), read from its logs.
-  "$PY" -m extensions.training.activity "${CFG_ARGS[@]}" 2>/dev/null | sed 's/^/  /' || true
-  read_state 2>/dev/null || true
-  echo "  run root     $RUN_ROOT"
-  echo "  data         $DATA_DIR"
-  echo "  SFT adapter  $SFT_FINAL $([ "$SFT_DONE" = 1 ] && echo '(complete)' || echo '(not yet)')"
-  echo "  RL adapter   $RL_FINAL $([ "$RL_DONE" = 1 ] && echo '(complete)' || echo '(not yet)')"
-  echo "  comparison   $COMPARE_MD $([ "$EVAL_DONE" = 1 ] && echo '' || echo '(not yet)')"
-  echo "  logs         $LOGS_DIR"
-  [ -n "$BUCKET" ] && echo "  S3 mirror    $S3_URI"
-  if [ -n "$INTERRUPTED" ]; then
-    echo "  INTERRUPTED: $FAILED_STAGE; run the same command again to continue from the last checkpoint"
-  elif [ -n "$FAILED_STAGE" ]; then
-    echo "  FAILED: $FAILED_STAGE; fix the cause and run the same command again to continue"
-  fi
-  return 0
-}
-
 on_exit() {
   local rc=$?
   trap - EXIT INT TERM
-  if [ -n "$CHILD_PID" ] && kill -0 "$CHILD_PID" 2>/dev/null; then
-    kill -TERM "$CHILD_PID" 2>/dev/null || true
-    wait "$CHILD_PID" 2>/dev/null || true
+  if [ -n "$RUNNER_PID" ] && kill -0 "$RUNNER_PID" 2>/dev/null; then
+    kill -TERM "$RUNNER_PID" 2>/dev/null || true
+    wait "$RUNNER_PID" 2>/dev/null || true
   fi
   stop_watch
-  summary
-  [ -n "${LOCK_TOKEN:-}" ] && "$PY" -m extensions.run_lock release "$RUN_ROOT" --token "$LOCK_TOKEN" || true
+  [ -n "${LOCK_TOKEN:-}" ] && "$PY" -m extensions.runtime.run_lock release "$RUN_ROOT" --token "$LOCK_TOKEN" || true
   exit "$rc"
 }
 
+# The pipeline runner asks the running stage to save and stop, and closes with its summary.
 on_signal() {
   local name=$1
   log "received SIG$name: asking the running stage to save and stop"
-  if [ -n "$CHILD_PID" ] && kill -0 "$CHILD_PID" 2>/dev/null; then
-    kill -TERM "$CHILD_PID" 2>/dev/null || true
-    wait "$CHILD_PID" 2>/dev/null || true
+  if [ -n "$RUNNER_PID" ] && kill -0 "$RUNNER_PID" 2>/dev/null; then
+    kill "-$name" "$RUNNER_PID" 2>/dev/null || true
+    wait "$RUNNER_PID" 2>/dev/null || true
+  else
+    echo "  INTERRUPTED: pipeline (SIG$name); run the same command again to continue from the last checkpoint"
   fi
-  CHILD_PID=""
-  INTERRUPTED=1
-  FAILED_STAGE="${CURRENT_STAGE:-pipeline} (SIG$name)"
-  [ -n "$CURRENT_STAGE" ] && STAGE_LINES+=("$(printf '%-8s interrupted by SIG%s' "$CURRENT_STAGE" "$name")")
+  RUNNER_PID=""
   exit 130
 }
 
 # The run lock, held for this shell; the stages and the restore share it through KERNEL_RL_RUN_LOCK.
-LOCK_TOKEN="$("$PY" -m extensions.run_lock acquire "$RUN_ROOT" --pid $$)" || exit 73
+LOCK_TOKEN="$("$PY" -m extensions.runtime.run_lock acquire "$RUN_ROOT" --pid $$)" || exit 73
 export KERNEL_RL_RUN_LOCK="$LOCK_TOKEN"
 
 trap on_exit EXIT
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM
 
-run_stage() {
-  local name=$1 done_var=$2 stale_var=$3 script=$4
-  shift 4
-  if [ "${!done_var}" = 1 ]; then
-    log "stage $name: complete output exists, skipped"
-    STAGE_LINES+=("$(printf '%-8s skipped (already complete)' "$name")")
-    return 0
-  fi
-  CURRENT_STAGE=$name
-  banner "stage $name"
-  local start_with=("$PY")
-  # Training: one process per GPU through accelerate when there are several (see TRAIN_LAUNCHER).
-  [ "$script" = train_integrated.py ] && eval "start_with=($TRAIN_LAUNCHER)"
-  local stage_args=("$@")
-  # --force: a stage whose saved result was made with other settings is retrained from its start.
-  [ -n "$stale_var" ] && [ "${!stale_var:-0}" = 1 ] && stage_args+=(--force)
-  local command=("${start_with[@]}" "$SCRIPTS_DIR/$script" "${stage_args[@]}" "${CFG_ARGS[@]}")
-  log "${command[*]}"
-  local start=$SECONDS rc=0
-  "${command[@]}" &
-  CHILD_PID=$!
-  wait "$CHILD_PID" || rc=$?
-  CHILD_PID=""
-  local took
-  took=$(duration $((SECONDS - start)))
-  if [ "$rc" = 75 ]; then  # train_integrated.py: saved a complete checkpoint on request, then stopped
-    FAILED_STAGE="stage $name (stopped after saving a checkpoint; run the same command to continue)"
-    STAGE_LINES+=("$(printf '%-8s STOPPED after %s with a complete checkpoint' "$name" "$took")")
-    log "stage $name stopped after saving a checkpoint ($took); run the same command again to continue"
-    exit "$rc"
-  fi
-  if [ "$rc" != 0 ]; then
-    FAILED_STAGE="stage $name (exit code $rc)"
-    STAGE_LINES+=("$(printf '%-8s FAILED with exit code %s after %s' "$name" "$rc" "$took")")
-    log "stage $name FAILED with exit code $rc after $took"
-    exit "$rc"
-  fi
-  read_state || { local state_rc=$?; FAILED_STAGE="after stage $name: the run's saved results do not fit this command (see above)"; exit "$state_rc"; }
-  if [ "${!done_var}" != 1 ]; then
-    FAILED_STAGE="stage $name (exited 0 without its complete output)"
-    STAGE_LINES+=("$(printf '%-8s INCOMPLETE after %s' "$name" "$took")")
-    log "stage $name exited 0 but its output is not complete (stopped by a save request?); run again to continue"
-    exit 3
-  fi
-  STAGE_LINES+=("$(printf '%-8s done in %s' "$name" "$took")")
-  log "stage $name done in $took"
-}
-
 banner "pipeline: $CONFIG"
 log "run root $RUN_ROOT"
 if [ -n "$BUCKET" ]; then
   log "restoring from $S3_URI before starting"
   if ! "$PY" "$HERE/checkpoint_manager.py" --action restore "${CFG_ARGS[@]}" "${BUCKET_ARGS[@]}"; then
-    FAILED_STAGE="restore from $S3_URI (the cause is printed above)"
+    echo "  FAILED: restore from $S3_URI (the cause is printed above); fix the cause and run the same command again to continue"
     exit 4
   fi
-  read_state || { state_rc=$?; FAILED_STAGE="restored results do not fit this command (see above)"; exit "$state_rc"; }
 fi
 start_watch
 
-run_stage prepare PREPARE_DONE "" prepare_data.py
-run_stage sft SFT_DONE SFT_STALE train_integrated.py --stage sft
-run_stage rl RL_DONE RL_STALE train_integrated.py --stage rl
-run_stage eval EVAL_DONE "" evaluate.py --compare
-log "pipeline finished"
+# The stages, in order, each skipped when its complete output exists and fits this run's settings
+# (extensions/pipeline/). Started in the background so that the traps above run at once on a signal.
+"$PY" -m extensions.pipeline run "${CFG_ARGS[@]}" ${BUCKET_ARGS[@]+"${BUCKET_ARGS[@]}"} ${FORCE_ARGS[@]+"${FORCE_ARGS[@]}"} &
+RUNNER_PID=$!
+rc=0
+wait "$RUNNER_PID" || rc=$?
+RUNNER_PID=""
+exit "$rc"

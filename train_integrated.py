@@ -20,9 +20,9 @@ import argparse
 import sys
 
 from extensions.config import add_config_args, parse_flags
-from extensions.entry_point import run_entry_point, start_config
-from extensions.paths import RunPaths
-from extensions.run_lock import lock_run
+from extensions.runtime.entry_point import run_entry_point, start_config
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_lock import lock_run
 from extensions.training.stages import EXIT_STOPPED, run_stages
 
 PROG = "train_integrated"

@@ -41,7 +41,7 @@ def one_run(args) -> dict:
     """The rounds in this process with ``args.compile`` on or off; seconds per round and graphs built."""
     import torch
 
-    from extensions.sampling import SamplingParams, sample_token_ids
+    from extensions.generation.sampling import SamplingParams, sample_token_ids
 
     device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
     model, vocab = build_model(args.quick, device)

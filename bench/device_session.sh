@@ -92,7 +92,7 @@ run_sft() {
 run_multi_gpu() {
   local root=/tmp/kernel-rl-multi
   rm -rf "$root"
-  step multi_gpu_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
+  step multi_gpu_prepare 120 bash -c "$PY -c 'from extensions.models.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
     && $PY prepare_data.py --smoke --set run.root=$root/ddp --no-progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
                 --set verifier.device=cuda --set rl.max_new_tokens=64 --set eval.max_new_tokens=64
@@ -110,7 +110,7 @@ run_rl_algorithms() {
   # spread (random weights score 0 on every kernel, so the verifier's rounds leave GRPO/RLOO flat).
   local root=/tmp/kernel-rl-algorithms
   rm -rf "$root"
-  step rl_algorithms_prepare 120 bash -c "$PY -c 'from extensions.training.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
+  step rl_algorithms_prepare 120 bash -c "$PY -c 'from extensions.models.tiny import save_tiny_model; save_tiny_model(\"$root/model\", hidden_size=256, num_layers=4)' \
     && $PY prepare_data.py --smoke --set run.root=$root/data --no-progress"
   local common=(--smoke --set "model.name_or_path=$root/model" --set model.gguf_file=null --set model.dtype=bfloat16
                 --set verifier.device=cuda --set rl.num_rounds=1 --set rl.tasks_per_round=4 --set rl.samples_per_task=8

@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from extensions import checkpoints as ck  # noqa: E402
+from extensions.runtime import checkpoints as ck  # noqa: E402
 from extensions.cloud.fingerprint import compute_fingerprint  # noqa: E402
 from extensions.cloud.location import S3Location  # noqa: E402
 from extensions.cloud.s3_sync import CheckpointManager  # noqa: E402
 from extensions.config import load_config  # noqa: E402
-from extensions.paths import RunPaths  # noqa: E402
+from extensions.runtime.paths import RunPaths  # noqa: E402
 
 NOTICE_S = 120.0
 

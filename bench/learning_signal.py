@@ -63,7 +63,7 @@ def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: in
     """Held-out and RL-training problems per level, ordered by a salted hash of the problem name."""
     from extensions.data.dedup import code_shingles, jaccard
     from extensions.data.splits import unit_hash
-    from extensions.prompts import WORKED_EXAMPLE_TASK
+    from extensions.prompting.templates import WORKED_EXAMPLE_TASK
 
     example = code_shingles(WORKED_EXAMPLE_TASK)
     heldout, rl, dropped = [], [], {"heldout_near_worked_example": [], "rl_near_heldout": []}
@@ -191,7 +191,7 @@ def evaluate(cfg, name: str, model_path: str) -> dict:
 def prepare_data(cfg, split: dict) -> None:
     """The data stage on the held-out problems, then the RL-training split as the RL tasks."""
     from extensions.data.pipeline import format_summary, prepare
-    from extensions.paths import RunPaths
+    from extensions.runtime.paths import RunPaths
 
     paths = RunPaths.from_config(cfg)
     outcome = prepare(cfg, paths.processed, progress=False)
@@ -210,8 +210,8 @@ def measured_budgets(cfg, work: Path) -> dict[str, int]:
     saved = work / "budgets.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    from extensions.modeling import load_tokenizer
-    from extensions.paths import RunPaths
+    from extensions.models.loading import load_tokenizer
+    from extensions.runtime.paths import RunPaths
     from extensions.training.batching import read_sft_jsonl
 
     tokenizer = load_tokenizer(cfg.model)
@@ -240,7 +240,7 @@ def measured_budgets(cfg, work: Path) -> dict[str, int]:
 
 
 def run_phase(phase: str, cfg, clock: PhaseClock) -> None:
-    from extensions.paths import RunPaths
+    from extensions.runtime.paths import RunPaths
     from extensions.training.rl import run_rl
     from extensions.training.sft import run_sft
 
@@ -443,7 +443,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     work = Path(args.work).resolve()
     if args.quick:
-        from extensions.training.tiny import save_tiny_model
+        from extensions.models.tiny import save_tiny_model
 
         args.model = str(save_tiny_model(work / "tiny-model"))
     split = write_split(args, work)

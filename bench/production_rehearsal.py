@@ -88,7 +88,7 @@ class Rehearsal:
 
     @property
     def paths(self):
-        from extensions.paths import RunPaths
+        from extensions.runtime.paths import RunPaths
 
         return RunPaths.from_config(self.cfg)
 
@@ -183,9 +183,9 @@ def generate(ctx: Rehearsal, model, tasks: list[dict], n: int, per_batch: int, *
     """This rank's share of ``tasks`` through the project's sampler, ``per_batch`` tasks per batch."""
     import torch
 
-    from extensions.decoding import DecodeStats
-    from extensions.prompts import build_messages
-    from extensions.sampling import SamplingParams, render_prompt_ids, sample_token_ids
+    from extensions.generation.decoding import DecodeStats
+    from extensions.prompting.templates import build_messages
+    from extensions.generation.sampling import SamplingParams, render_prompt_ids, sample_token_ids
 
     mine = ctx.dist.shard(tasks)
     model_eos = model.generation_config.eos_token_id
@@ -332,11 +332,11 @@ def setup(args) -> Rehearsal:
     import torch
 
     from extensions.config import config_from_args
-    from extensions.prompts import INSTRUCTIONS, SYSTEM_PROMPT, build_messages
-    from extensions.sampling import render_prompt_ids
+    from extensions.prompting.templates import INSTRUCTIONS, SYSTEM_PROMPT, build_messages
+    from extensions.generation.sampling import render_prompt_ids
     from extensions.training.distributed import make_dist
     from extensions.training.trainer import AdapterTrainer, OptimSettings
-    from extensions.modeling import attach_lora, enable_gradient_checkpointing
+    from extensions.models.loading import attach_lora, enable_gradient_checkpointing
 
     tiny = args.model_scale == "tiny"
     if not tiny and not torch.cuda.is_available():

@@ -60,7 +60,7 @@ def build_code_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from extensions.modeling import DEFAULT_CHAT_TEMPLATE, prepare_tokenizer
+    from extensions.models.loading import DEFAULT_CHAT_TEMPLATE, prepare_tokenizer
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

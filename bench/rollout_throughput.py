@@ -10,7 +10,7 @@ Compared, all generating exactly ``--new-tokens`` tokens per sequence (sampling 
 - per-task: one ``generate`` per task with ``num_return_sequences`` = samples; ``--per-task-subset``
   tasks are timed and extrapolated;
 - batched generate: default ``generate`` with every sequence of every task in one left-padded batch;
-- sampler: ``extensions.sampling.sample_token_ids`` with the same single batch (static KV cache,
+- sampler: ``extensions.generation.sampling.sample_token_ids`` with the same single batch (static KV cache,
   grouped decode attention), as configured by default on a GPU (the decode step compiled with
   ``torch.compile`` and replayed as a CUDA graph; timed on its second call, the first compiles),
   then without compiling, then without compiling or CUDA graph.
@@ -102,7 +102,7 @@ def time_per_task(model, prompts, samples, new_tokens, subset):
 def time_batched_generate(model, prompts, samples, new_tokens):
     import torch
 
-    from extensions.sampling import left_pad
+    from extensions.generation.sampling import left_pad
 
     device = next(model.parameters()).device
     ids, attention = left_pad([p for p in prompts for _ in range(samples)], 0)
@@ -117,8 +117,8 @@ def time_batched_generate(model, prompts, samples, new_tokens):
 
 def time_sampler(model, prompts, samples, new_tokens, cuda_graphs, compile_step=False):
     """Seconds for the project's sampler to decode every sequence in one batch."""
-    from extensions.decoding import DecodeStats
-    from extensions.sampling import SamplingParams, sample_token_ids
+    from extensions.generation.decoding import DecodeStats
+    from extensions.generation.sampling import SamplingParams, sample_token_ids
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.8, top_p=0.95, seed=0,
                             batch_size=len(prompts) * samples, cuda_graphs=cuda_graphs, compile_step=compile_step)
@@ -137,7 +137,7 @@ def time_pick_tokens(batch: int, vocab: int, device: str, repeats: int = 50) -> 
     """Seconds per call of the sampler's token choice (T=0.8, top-p 0.95) on random logits."""
     import torch
 
-    from extensions.decoding import pick_tokens
+    from extensions.generation.decoding import pick_tokens
 
     logits = torch.randn(batch, vocab, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -154,7 +154,7 @@ def profile_sampler(model, prompts, samples, device: str, steps: int = 8) -> Non
     """Top GPU kernels of an eager (graph-less) sampler run, and kernels launched per decode step."""
     from torch.profiler import ProfilerActivity, profile
 
-    from extensions.sampling import SamplingParams, sample_token_ids
+    from extensions.generation.sampling import SamplingParams, sample_token_ids
 
     params = SamplingParams(max_new_tokens=steps, temperature=0.8, top_p=0.95, seed=0,
                             batch_size=len(prompts) * samples, cuda_graphs=False)

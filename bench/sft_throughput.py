@@ -72,7 +72,7 @@ def run_mode(mode: str, examples, args, device: str):
     import torch
 
     from extensions.config import LoraConfig, ModelConfig
-    from extensions.modeling import attach_lora, enable_gradient_checkpointing
+    from extensions.models.loading import attach_lora, enable_gradient_checkpointing
     from extensions.training.distributed import make_dist
     from extensions.training.trainer import AdapterTrainer, OptimSettings, StepPlan
 

@@ -1,5 +1,5 @@
 """Stand-ins for the stage scripts (prepare, train, evaluate) that write real checkpoints with
-``extensions.checkpoints`` and resume from the newest complete one, so resume and pipeline tests
+``extensions.runtime.checkpoints`` and resume from the newest complete one, so resume and pipeline tests
 exercise the orchestration without training a model. ``KERNEL_RL_SCRIPTS_DIR`` points at them."""
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import os
 import sys
 from pathlib import Path
 
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 from s3_testing import PROJECT_ROOT, free_port
 
 FAKE_COMMON = r'''
 import argparse, hashlib, json, os, sys, time
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.config import add_config_args, config_from_args
-from extensions.interrupt import SaveSignal
-from extensions.paths import RunPaths
-from extensions.run_lock import lock_run
-from extensions.stage_freshness import stage_inputs
+from extensions.runtime.interrupt import SaveSignal
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_lock import lock_run
+from extensions.runtime.freshness import stage_inputs
 
 def setup(stage_flag=False, compare_flag=False):
     parser = argparse.ArgumentParser()
@@ -172,11 +172,11 @@ def final_states(paths: RunPaths) -> dict:
 def write_finished_run(cfg) -> RunPaths:
     """A finished run of ``cfg`` as the stages leave it: data with its fingerprint, both final
     adapters recording this config and their inputs, and the comparison of those adapters."""
-    from extensions import checkpoints as ck
-    from extensions.cloud.run_state import prepared_files
+    from extensions.runtime import checkpoints as ck
+    from extensions.pipeline.stages import prepared_files
     from extensions.data.pipeline import input_fingerprint
     from extensions.evaluation.commands import comparison_inputs
-    from extensions.stage_freshness import stage_inputs
+    from extensions.runtime.freshness import stage_inputs
 
     paths = RunPaths.from_config(cfg)
     for path in prepared_files(paths):

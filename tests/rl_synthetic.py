@@ -71,8 +71,8 @@ def record_calls(path: Path, judge):
 def synthetic_config(root: Path, model_dir: Path, overrides=()):
     """A config for a few fast rounds on the tiny model, with four short level-1 tasks."""
     from extensions.config import load_config
-    from extensions.paths import RunPaths
-    from extensions.training.tiny import tiny_rl_tasks
+    from extensions.runtime.paths import RunPaths
+    from extensions.models.tiny import tiny_rl_tasks
 
     cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
@@ -88,7 +88,7 @@ def synthetic_config(root: Path, model_dir: Path, overrides=()):
 
 
 def round_rewards(cfg) -> list[float]:
-    from extensions.paths import RunPaths
+    from extensions.runtime.paths import RunPaths
 
     rows = [json.loads(line) for line in RunPaths.from_config(cfg).metrics_log("rl").read_text().splitlines()]
     return [row["reward_mean"] for row in rows if row["kind"] == "round"]
@@ -97,8 +97,8 @@ def round_rewards(cfg) -> list[float]:
 def main(argv=None) -> int:
     import torch
 
-    from extensions.interrupt import SaveSignal
-    from extensions.paths import RunPaths
+    from extensions.runtime.interrupt import SaveSignal
+    from extensions.runtime.paths import RunPaths
     from extensions.training.rl import run_rl
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -9,7 +9,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.config import load_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

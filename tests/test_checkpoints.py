@@ -1,7 +1,7 @@
 import json
 
-from extensions import checkpoints
-from extensions.paths import RunPaths, checkpoint_index
+from extensions.runtime import checkpoints
+from extensions.runtime.paths import RunPaths, checkpoint_index
 
 
 def _make(path, step, payload=b"weights"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from extensions import decoding
-from extensions.decoding import (
+from extensions.generation import decoding
+from extensions.generation.decoding import (
     DECODE_ATTENTION,
     DecodeStats,
     attention_implementation,

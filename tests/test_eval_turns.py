@@ -11,8 +11,8 @@ import pytest
 from extensions.config import VerifierConfig
 from extensions.evaluation.records import EvalTask
 from extensions.evaluation.turns import build_trajectories, format_turn_table, run_turns_evaluation, turns_block
-from extensions.prompt_builder import PromptBuilder
-from extensions.prompts import build_messages
+from extensions.prompting.builder import PromptBuilder
+from extensions.prompting.templates import build_messages
 from extensions.verify import VerifyRequest, verify_batch
 from test_evaluate_cli import FIXTURES, build_tiny_model, response, run_evaluate, write_tasks
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from extensions import sampling, verify
+from extensions import verify
+from extensions.generation import sampling
 from test_evaluate_cli import build_tiny_model, write_tasks
 
 
@@ -17,8 +18,8 @@ def evaluation(tmp_path, project_root):
     from extensions.evaluation.commands import OutputFiles, evaluate_model
     from extensions.evaluation.inputs import load_tasks
     from extensions.evaluation.runner import EvalSettings
-    from extensions.paths import RunPaths
-    from extensions.prompt_builder import PromptBuilder
+    from extensions.runtime.paths import RunPaths
+    from extensions.prompting.builder import PromptBuilder
 
     model_dir = tmp_path / "tiny-model"
     build_tiny_model(model_dir)

@@ -13,11 +13,11 @@ import pytest
 import torch
 import yaml
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import ModelConfig, load_config
 from extensions.export import detach_gguf_quantizer
-from extensions.modeling import attach_lora, model_meta
-from extensions.training.tiny import save_tiny_model
+from extensions.models.loading import attach_lora, model_meta
+from extensions.models.tiny import save_tiny_model
 
 from hub_testing import FakeHub, folder_files, hub_env, loopback_only_env
 from s3_testing import PROJECT_ROOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from extensions.config import VerifierConfig
-from extensions.feedback import CATEGORIES, MAX_ERROR_CHARS, build_feedback, clean_error_line, feedback_text
+from extensions.prompting.feedback import CATEGORIES, MAX_ERROR_CHARS, build_feedback, clean_error_line, feedback_text
 from extensions.verify import VerifyRequest, verify_batch
 from extensions.verify.result import VerifyResult
 from test_verify_funnel import AFFINE_PROBLEM, CORRECT, affine_candidate

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
 from extensions.evaluation.generation_cache import model_identity, pending_tasks
 from extensions.evaluation.inputs import read_generations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions.cloud.run_state import gpus_from_cuda_visible_devices
+from extensions.pipeline.launcher import gpus_from_cuda_visible_devices
 
 from fake_stages import stage_env, write_config, write_fake_stages
 from s3_testing import PROJECT_ROOT

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import config_yaml
 from extensions.export.hub import TRAINING_STATE_PATTERNS
 from extensions.export.model_card import CARD
-from extensions.paths import RunPaths
-from extensions.training.tiny import save_tiny_model
+from extensions.runtime.paths import RunPaths
+from extensions.models.tiny import save_tiny_model
 
 from hub_testing import FakeHub, folder_files, hub_env, loopback_only_env
 from rl_synthetic import judge_nothing, synthetic_config, vowel_reward

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
-from extensions.interrupt import SaveSignal
-from extensions.paths import RunPaths
+from extensions.runtime import checkpoints
+from extensions.runtime.interrupt import SaveSignal
+from extensions.runtime.paths import RunPaths
 from extensions.training.stages import EXIT_STOPPED
-from extensions.training.tiny import save_tiny_model, tiny_rl_tasks, tiny_sft_rows
+from extensions.models.tiny import save_tiny_model, tiny_rl_tasks, tiny_sft_rows
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "eval"
@@ -65,7 +65,7 @@ def test_a_signal_that_interrupts_code_holding_the_requests_lock_is_not_a_deadlo
     script = f"""
 import os, signal, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from extensions.interrupt import SaveSignal
+from extensions.runtime.interrupt import SaveSignal
 sig = SaveSignal({str(tmp_path / "save_request.json")!r})
 sig.install_signal_handlers()
 for name, held in (("SIGUSR1", sig._save), ("SIGTERM", sig._stop), ("SIGINT", sig._save)):

@@ -45,9 +45,9 @@ def test_token_budgets_are_measured_from_the_sft_pairs(learning_signal, tmp_path
     """A run whose answers are longer than the answer budget loses them to the cut-off: the budgets
     come from the pairs, kept once so every resumed phase uses the same ones."""
     from extensions.config import load_config
-    from extensions.modeling import load_tokenizer
-    from extensions.paths import RunPaths
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.loading import load_tokenizer
+    from extensions.runtime.paths import RunPaths
+    from extensions.models.tiny import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
     cfg = load_config(learning_signal.Path(learning_signal.__file__).resolve().parent.parent / "configs" / "smoke.yaml",

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from extensions.config import ConfigError, load_config
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 from extensions.training.metrics import MetricsLogger
 
 from s3_testing import PROJECT_ROOT
@@ -72,7 +72,7 @@ def test_unknown_tracker_is_rejected_by_the_config():
 # -- RL round histograms -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 

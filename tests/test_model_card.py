@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.data.pair_verification import verifier_digest
 from extensions.export.model_card import CARD, base_model_for, build_model_card, write_model_card
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 PREPARE_REPORT = {
     "fingerprint": {"verifier": "f" * 64},

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from extensions.config import LoraConfig, ModelConfig
-from extensions.modeling import (
+from extensions.models.loading import (
     DEFAULT_CHAT_TEMPLATE, attach_lora, load_base_model, load_for_inference, load_tokenizer, model_meta,
     resolve_model_location,
 )
-from extensions.training.tiny import save_tiny_model
+from extensions.models.tiny import save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_cached_hub_model_passes_offline_and_an_uncached_one_fails_in_one_line
     """Offline, a model in the Hugging Face cache loads as before; one that is not fails at once."""
     import huggingface_hub.constants as hub_constants
 
-    from extensions.modeling import ModelUnavailable, ensure_hub_model_available
+    from extensions.models.loading import ModelUnavailable, ensure_hub_model_available
 
     snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)

@@ -13,7 +13,7 @@ import pytest
 
 from extensions import models
 from extensions.config.sections import ModelConfig
-from extensions.modeling import resolve_gguf_file, resolve_model_location
+from extensions.models.loading import resolve_gguf_file, resolve_model_location
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"\x01" * 5000, os.urandom(7000)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from extensions.config import VerifierConfig
-from extensions.multiturn import Trajectory, discounted_returns, fit_prompt, run_turns
-from extensions.prompts import build_messages
+from extensions.generation.multiturn import Trajectory, discounted_returns, fit_prompt, run_turns
+from extensions.prompting.templates import build_messages
 from extensions.verify import VerifyRequest, verify_batch
 from extensions.verify.result import VerifyResult
 from test_verify_funnel import AFFINE_PROBLEM, CORRECT, affine_candidate
@@ -49,7 +49,7 @@ def test_trajectories_refine_on_feedback_and_stop_when_correct():
 def test_prompts_drop_oldest_rounds_first_and_count_it():
     trajectory = Trajectory("t#0", "code", [{"role": "user", "content": "task"}])
     verdict = VerifyResult("c", stage="none", error="extract: no code defines ModelNew")
-    from extensions.multiturn import Turn
+    from extensions.generation.multiturn import Turn
 
     for i in range(3):
         trajectory.turns.append(Turn(f"answer-{i}-" + "x" * 100, verdict, f"feedback-{i}"))
@@ -83,7 +83,7 @@ def test_discounted_returns():
 
 def test_driver_goes_on_from_the_turns_trajectories_already_hold():
     """A resumed run: turns already held are not asked again; each trajectory continues from its next."""
-    from extensions.multiturn import Turn
+    from extensions.generation.multiturn import Turn
 
     wrong = VerifyResult("w", stage="compile", error="runtime: boom")
     ahead = Trajectory("ahead#0", "code", [{"role": "user", "content": "task"}], [Turn("first", wrong, "fix it")])

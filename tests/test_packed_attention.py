@@ -10,7 +10,7 @@ from extensions.training import packed_attention
 from extensions.training.batching import IGNORE_INDEX, TokenizedExample, collate
 from extensions.training.packed_attention import PACKED_ATTENTION, register, sequence_boundaries, use_packed_attention
 from extensions.training.trainer import forward_loss_sum
-from extensions.training.tiny import build_tiny_qwen2
+from extensions.models.tiny import build_tiny_qwen2
 
 VOCAB = 101
 

@@ -9,7 +9,7 @@ import subprocess
 from extensions.cloud.ec2_detect import ec2_evidence
 from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 from fake_stages import final_states, stage_env, write_config, write_fake_stages
 from s3_testing import PROJECT_ROOT

@@ -54,7 +54,7 @@ def test_sample_variants_are_distinct_programs_with_the_same_kernels():
 def test_shape_counts_match_the_built_model_and_its_lora(tokenizer):
     import torch
 
-    from extensions.modeling import attach_lora
+    from extensions.models.loading import attach_lora
 
     cfg = load_config(PROJECT_ROOT / "configs" / "default.yaml")
     dims = {**TINY, "vocab_size": len(tokenizer)}
@@ -143,8 +143,8 @@ def test_configs_fit_their_cards_on_paper(kernelbench_jsonl):
     from rehearsal_report import CARDS_GIB, estimate_memory_gib
     from transformers import Qwen2Config
 
-    from extensions.prompts import INSTRUCTIONS, SYSTEM_PROMPT, build_messages
-    from extensions.sampling import render_prompt_ids
+    from extensions.prompting.templates import INSTRUCTIONS, SYSTEM_PROMPT, build_messages
+    from extensions.generation.sampling import render_prompt_ids
 
     tasks = read_kernelbench(kernelbench_jsonl)
     texts = [t["code"] for t in tasks] + list(read_fixture_kernels().values()) + [INSTRUCTIONS, SYSTEM_PROMPT]

@@ -28,7 +28,7 @@ def coder():
     import torch
 
     from extensions.config.sections import ModelConfig
-    from extensions.modeling import load_for_inference
+    from extensions.models.loading import load_for_inference
 
     torch.set_num_threads(1)  # generation on a small CPU is fastest with one thread
     cfg = ModelConfig(name_or_path=f"fetch:{MODEL}", dtype="bfloat16")
@@ -38,8 +38,8 @@ def coder():
 
 @pytest.mark.slow
 def test_the_real_coder_samples_an_answer_that_the_verifier_judges(coder, tmp_path, project_root):
-    from extensions.prompts import build_messages
-    from extensions.sampling import SamplingParams, sample_completions
+    from extensions.prompting.templates import build_messages
+    from extensions.generation.sampling import SamplingParams, sample_completions
 
     model, tokenizer = coder
     task = next(t for t in bundled_eval_tasks() if t.name == "softsign")

@@ -2,7 +2,7 @@
 its last complete checkpoint (locally or from S3) and ends exactly where an uninterrupted run ends.
 
 The stage scripts are small stand-ins (written to a temporary directory) that keep a deterministic
-hash-chain state, save checkpoints with extensions.checkpoints and resume from newest_complete, as
+hash-chain state, save checkpoints with extensions.runtime.checkpoints and resume from newest_complete, as
 the real train_integrated.py does; these tests do not depend on the real stages."""
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 
 
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.cloud.location import S3Location
-from extensions.cloud.run_state import plan_resume, prepared_files, read_run_state
+from extensions.pipeline.run_state import read_run_state
+from extensions.pipeline.runner import plan_resume
+from extensions.pipeline.stages import prepared_files
 from extensions.cloud.s3_sync import CheckpointManager
 from extensions.config import load_config
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 from fake_stages import final_states, stage_env, write_config, write_fake_stages, write_finished_run
 from s3_testing import PROJECT_ROOT
@@ -150,7 +152,7 @@ def test_resume_restores_from_s3_then_continues(s3, tmp_path):
 
 
 def test_training_stages_use_the_configured_launcher(tmp_path, monkeypatch):
-    from extensions.cloud.run_state import LAUNCHER_ENV, visible_gpus
+    from extensions.pipeline.launcher import LAUNCHER_ENV, visible_gpus
 
     monkeypatch.setenv(LAUNCHER_ENV, "accelerate launch --num_processes 8")
     plan = plan_resume(RunPaths(tmp_path / "run"), "python", tmp_path, ["--config", "c.yaml"])

@@ -13,9 +13,9 @@ from extensions.data import prepare
 from extensions.data.bundled import bundled_eval_tasks, bundled_pairs
 from extensions.data.dedup import code_shingles, jaccard
 from extensions.data.kernelbook import rename_class
-from extensions.paths import RunPaths, retrieval_index_dir
-from extensions.prompt_builder import PromptBuilder
-from extensions.prompts import CLOSING_LINE, build_messages, format_completion
+from extensions.runtime.paths import RunPaths, retrieval_index_dir
+from extensions.prompting.builder import PromptBuilder
+from extensions.prompting.templates import CLOSING_LINE, build_messages, format_completion
 from extensions.data.retrieval import Example, ExampleRetriever, RetrievalUnavailable, build_index
 
 SMOKE = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"

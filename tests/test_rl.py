@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 from extensions.training import rl as rl_module
 from extensions.training.candidates import CandidateLog, sample_record, verdict_record
 from extensions.training import rollouts as rollouts_module
 from extensions.training.objectives.best_of_n import select_top_k
 from extensions.training.round_stats import round_statistics
 from extensions.training.rollouts import Candidate
-from extensions.training.tiny import save_tiny_model, tiny_rl_tasks, tiny_solution_code, tiny_task_code
+from extensions.models.tiny import save_tiny_model, tiny_rl_tasks, tiny_solution_code, tiny_task_code
 from extensions.verify.result import VerifyResult
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir, capsys):
 
 
 def test_interrupted_round_resumes_without_resampling_or_reverifying(tmp_path, model_dir, monkeypatch):
-    from extensions.interrupt import SaveSignal
+    from extensions.runtime.interrupt import SaveSignal
 
     cfg, paths = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1"])
     sampled_prompts = []
@@ -213,7 +213,7 @@ def test_real_verifier_judges_a_correct_triton_candidate():
 
 
 def test_log_sampled_at_another_temperature_is_set_aside(tmp_path, model_dir):
-    from extensions.interrupt import SaveSignal
+    from extensions.runtime.interrupt import SaveSignal
 
     cfg, paths = _rl_config(tmp_path, model_dir, ["rl.num_rounds=1"])
     signal = SaveSignal.for_run(paths)

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from extensions.evaluation.compare import render_markdown
-from extensions.paths import RunPaths
-from extensions.training.activity import rl_activity
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.activity import rl_activity
 from extensions.training.candidates import CandidateLog
 from extensions.training.metrics import MetricsLogger
 

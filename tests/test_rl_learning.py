@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 from kill_support import kill_when
 from rl_synthetic import judge_nothing, round_rewards, synthetic_config, vowel_reward
 
@@ -21,7 +21,7 @@ HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 

@@ -10,7 +10,7 @@ import pytest
 
 from kill_support import json_records
 
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 from extensions.training.objectives.best_of_n import final_turns, select_top_k, tokenize_dialogue
 from extensions.training.objectives.policy_gradient import TokenObjective
 from extensions.training.rollouts import Candidate
@@ -73,8 +73,8 @@ def test_policy_gradient_advantages_take_the_turn_returns(algorithm, expected):
 
 
 def test_best_of_n_keeps_final_kernels_and_trains_on_own_turns_only():
-    from extensions.prompts import build_messages
-    from extensions.training.tiny import build_tiny_tokenizer
+    from extensions.prompting.templates import build_messages
+    from extensions.models.tiny import build_tiny_tokenizer
 
     finals = final_turns(TURNS)
     assert [c.key for c in finals] == [("a", 0, 3), ("a", 1, 2), ("b", 0, 1)]
@@ -100,10 +100,10 @@ def test_best_of_n_keeps_final_kernels_and_trains_on_own_turns_only():
 def test_an_answer_cut_off_by_the_token_limit_is_trained_without_an_end_of_turn():
     # Labelling an end of turn where sampling merely ran out of tokens teaches the model to stop
     # there; Best-of-N answers then shrink round by round.
-    from extensions.prompts import build_messages
+    from extensions.prompting.templates import build_messages
     from extensions.training.objectives.base import RoundRollouts
     from extensions.training.objectives.best_of_n import tokenize_kept
-    from extensions.training.tiny import build_tiny_tokenizer
+    from extensions.models.tiny import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     eos = [tokenizer.eos_token_id]
@@ -143,7 +143,7 @@ def test_unusable_turn_settings_are_refused_by_name(key, value, message):
 # -- whole rounds on the tiny model ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 
@@ -169,7 +169,7 @@ class ScriptedVerifier:
 
 def _config(root: Path, model_dir: Path, extra=()):
     from extensions.config import load_config
-    from extensions.training.tiny import tiny_rl_tasks
+    from extensions.models.tiny import tiny_rl_tasks
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml", [
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
@@ -258,12 +258,12 @@ def test_a_turn_renders_each_prompt_once_and_samples_the_tokens_that_prompt_give
     import torch
     from transformers import AutoModelForCausalLM
 
-    from extensions.modeling import load_tokenizer
-    from extensions.prompt_builder import PromptBuilder
-    from extensions.sampling import render_prompt_ids
+    from extensions.models.loading import load_tokenizer
+    from extensions.prompting.builder import PromptBuilder
+    from extensions.generation.sampling import render_prompt_ids
     from extensions.training import rollouts
     from extensions.training.distributed import make_dist
-    from extensions.training.tiny import tiny_rl_tasks
+    from extensions.models.tiny import tiny_rl_tasks
     from extensions.training.turn_rollouts import collect_trajectories
 
     # A budget no prompt meets: turn 3 renders each whole dialogue, then the one with turn 1 dropped.
@@ -304,7 +304,7 @@ def test_a_turn_renders_each_prompt_once_and_samples_the_tokens_that_prompt_give
 def test_real_verdicts_become_the_next_turns_feedback(tmp_path, model_dir):
     """The project verifier judges the tiny model's answers in the interpreter; its verdict, as the
     feedback text, is the user turn the next turn is sampled after."""
-    from extensions.feedback import build_feedback
+    from extensions.prompting.feedback import build_feedback
     from extensions.training.rl import make_verify_fn, run_rl
 
     cfg, paths = _config(tmp_path, model_dir, ["rl.max_turns=2", "rl.tasks_per_round=1", "rl.samples_per_task=2",

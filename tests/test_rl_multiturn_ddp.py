@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 from kill_support import json_records, kill_when
 
 HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
@@ -18,7 +18,7 @@ HELPER = Path(__file__).resolve().parent / "rl_synthetic.py"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
 

@@ -153,8 +153,8 @@ def test_reward_presets_follow_the_funnel_and_zero_cheating():
 @pytest.fixture(scope="module")
 def lora_model():
     from extensions.config.sections import LoraConfig
-    from extensions.modeling import attach_lora
-    from extensions.training.tiny import build_tiny_qwen2
+    from extensions.models.loading import attach_lora
+    from extensions.models.tiny import build_tiny_qwen2
 
     torch.manual_seed(0)
     model = attach_lora(build_tiny_qwen2(64, hidden_size=32, eos_token_id=1, pad_token_id=0),
@@ -243,7 +243,7 @@ def test_one_batch_matches_the_formulas(lora_model, algorithm, overrides):
 def test_sampler_log_probs_are_the_training_forward_at_the_same_temperature(lora_model):
     """No second forward for the old policy: the decoder's log-probs (tempered full distribution,
     before top-p) are what the update's forward computes, so the first ratio is 1."""
-    from extensions.sampling import SamplingParams, sample_token_ids
+    from extensions.generation.sampling import SamplingParams, sample_token_ids
     from extensions.training.objectives.policy_update import token_logprobs
 
     prompts = [[3, 4, 8, 2], [5, 6]]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from extensions.paths import RunPaths
-from extensions.run_lock import ENV_TOKEN, EXIT_LOCKED, Holder, RunLock, RunLockHeld, lock_status, read_holder
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.run_lock import ENV_TOKEN, EXIT_LOCKED, Holder, RunLock, RunLockHeld, lock_status, read_holder
 
 from fake_stages import stage_env, write_config, write_fake_stages
 from s3_testing import PROJECT_ROOT
@@ -21,7 +21,7 @@ from s3_testing import PROJECT_ROOT
 HOLD = """
 import sys, time
 from pathlib import Path
-from extensions.run_lock import RunLock
+from extensions.runtime.run_lock import RunLock
 lock = RunLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(float(sys.argv[2]))

@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 
 
-from extensions import checkpoints as ck
+from extensions.runtime import checkpoints as ck
 from extensions.cloud.location import S3Location
 from extensions.cloud.remote_tree import ManifestReader, list_objects, remote_checkpoints
 from extensions.cloud.restore import Restorer
 from extensions.cloud.retention import checkpoints_to_prune
 from extensions.cloud.s3_sync import CheckpointManager
-from extensions.paths import RunPaths
+from extensions.runtime.paths import RunPaths
 
 from s3_testing import PROJECT_ROOT, make_checkpoint, small_settings, start_moto
 

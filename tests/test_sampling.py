@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from extensions.modeling import prepare_tokenizer
-from extensions.sampling import (SamplingParams, SamplingStopped, render_prompt_ids, sample_answers,
+from extensions.models.loading import prepare_tokenizer
+from extensions.generation.sampling import (SamplingParams, SamplingStopped, render_prompt_ids, sample_answers,
                                  sample_completions, sample_rollouts, sample_token_ids)
-from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer
+from extensions.models.tiny import build_tiny_qwen2, build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

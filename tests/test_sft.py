@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
-from extensions.interrupt import SaveSignal
-from extensions.modeling import prepare_tokenizer
-from extensions.paths import RunPaths
+from extensions.runtime.interrupt import SaveSignal
+from extensions.models.loading import prepare_tokenizer
+from extensions.runtime.paths import RunPaths
 from extensions.training.batching import (
     IGNORE_INDEX, batch_target_tokens, collate, plan_epoch, tokenize_example, tokenize_examples,
 )
-from extensions.training.tiny import build_tiny_qwen2, build_tiny_tokenizer, save_tiny_model, tiny_sft_rows
+from extensions.models.tiny import build_tiny_qwen2, build_tiny_tokenizer, save_tiny_model, tiny_sft_rows
 from extensions.training.trainer import forward_loss_sum, warmup_cosine
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def test_sft_trains_lora_only_checkpoints_and_skips_when_done(tmp_path, model_di
     tensors = _adapter_tensors(final)
     assert tensors and all(".lora_" in name for name in tensors)
     assert any(float(t.abs().max()) > 0 for name, t in tensors.items() if "lora_B" in name)
-    from extensions.modeling import load_adapter, load_base_model
+    from extensions.models.loading import load_adapter, load_base_model
 
     base = load_base_model(cfg.model, device="cpu")
     base_before = {k: v.clone() for k, v in base.state_dict().items()}

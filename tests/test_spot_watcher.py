@@ -23,8 +23,8 @@ from extensions.cloud.s3_sync import CheckpointManager
 from extensions.cloud.spot_watcher import (
     ImdsClient, ImdsUnavailable, InterruptionHandler, SpotNotice, SpotWatcher, watcher_for,
 )
-from extensions.interrupt import SaveSignal
-from extensions.paths import RunPaths
+from extensions.runtime.interrupt import SaveSignal
+from extensions.runtime.paths import RunPaths
 
 from s3_testing import PROJECT_ROOT, free_port, make_checkpoint, small_settings
 

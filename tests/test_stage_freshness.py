@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from extensions import checkpoints
+from extensions.runtime import checkpoints
 from extensions.config import load_config
 from extensions.config.fingerprint import config_fingerprint, stage_fingerprint, stage_view
-from extensions.paths import RunPaths
-from extensions.stage_freshness import StaleResultError, require_fresh, stage_freshness, stage_inputs
-from extensions.training.tiny import save_tiny_model, tiny_sft_rows
+from extensions.runtime.paths import RunPaths
+from extensions.runtime.freshness import StaleResultError, require_fresh, stage_freshness, stage_inputs
+from extensions.models.tiny import save_tiny_model, tiny_sft_rows
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

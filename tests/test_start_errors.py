@@ -1,5 +1,5 @@
 """Every entry point answers a bad start with one line and its documented exit status, before any
-work and without a traceback (extensions/entry_point.py: 2 for a missing input, 74 for a path that
+work and without a traceback (extensions/runtime/entry_point.py: 2 for a missing input, 74 for a path that
 cannot be written)."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _eval_tasks(root: Path) -> Path:
 
 
 def _tiny_model(root: Path) -> Path:
-    from extensions.training.tiny import save_tiny_model
+    from extensions.models.tiny import save_tiny_model
 
     return save_tiny_model(root / "model")
 

@@ -1,4 +1,4 @@
-"""The actions behind checkpoint_manager.py and resume_training.py, one function each.
+"""The S3 and spot actions behind checkpoint_manager.py and resume_training.py, one function each.
 
 Each returns a process exit status: 0 when it did its job, 1 when something is left undone (the
 report says what), so run_pipeline.sh can tell a finished sync from a partial one. An S3 failure
@@ -10,18 +10,19 @@ import functools
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from ..interrupt import SaveSignal
-from ..paths import RunPaths
+from ..runtime.interrupt import SaveSignal
+from ..runtime.paths import RunPaths
+from ..runtime.run_files import RunFiles
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
-from ..run_files import RunFiles
-from .run_state import ResumePlan
+
+if TYPE_CHECKING:  # the plan comes from the pipeline package, which calls these actions
+    from ..pipeline.runner import ResumePlan
 
 log = logging.getLogger(__name__)
 
@@ -176,24 +177,3 @@ def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent
     final = manager.stop(final_sync=True)
     log.info("final %s", final.summary())
     return 0 if final.ok else 1
-
-
-def execute_plan(plan: ResumePlan, paths: RunPaths) -> int:
-    """Run the remaining stages in order; the last one replaces this process (signals reach it)."""
-    from .run_state import read_run_state
-
-    for stage, command in zip(plan.stages[:-1], plan.commands[:-1]):
-        print(f"[resume] stage {stage}: {' '.join(command)}", flush=True)
-        code = subprocess.call(command)
-        if code != 0:
-            print(f"[resume] stage {stage} failed with exit code {code}", file=sys.stderr)
-            return code
-        if not read_run_state(paths).done(stage):
-            print(f"[resume] stage {stage} exited 0 but its output is not complete (stopped by a save "
-                  "request?); run resume_training.py again to continue", file=sys.stderr)
-            return 3
-    print(f"[resume] stage {plan.stages[-1]}: {' '.join(plan.commands[-1])}", flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(plan.commands[-1][0], plan.commands[-1])
-    return 0  # not reached

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..checkpoints import MANIFEST
-from ..paths import checkpoint_index
+from ..runtime.checkpoints import MANIFEST
+from ..runtime.paths import checkpoint_index
 from .location import S3Location
 
 CHECKPOINTS_DIR = "checkpoints"

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..checkpoints import MANIFEST, atomic_write_text, is_complete, manifest_adapter_hash, read_manifest
-from ..paths import RunPaths, checkpoint_index
-from ..run_files import NotKnownBeforeRestore, RunFiles
+from ..runtime.checkpoints import MANIFEST, is_complete, manifest_adapter_hash, read_manifest
+from ..runtime.io import atomic_write_text
+from ..runtime.paths import RunPaths, checkpoint_index
+from ..runtime.run_files import NotKnownBeforeRestore, RunFiles
 from .failures import likely_cause
 from .fingerprint import Fingerprint, compute_fingerprint
 from .location import S3Location, chunk_bytes, make_s3_client, transfer_config

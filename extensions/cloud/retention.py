@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..checkpoints import MANIFEST
+from ..runtime.checkpoints import MANIFEST
 from .location import S3Location
 from .remote_tree import RemoteCheckpoint
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..checkpoints import MANIFEST, is_complete, read_manifest
-from ..paths import RunPaths, checkpoint_index
+from ..runtime.checkpoints import MANIFEST, is_complete, read_manifest
+from ..runtime.paths import RunPaths, checkpoint_index
 from .failures import describe, endpoint_of, likely_cause
 from .fingerprint import Fingerprint, FingerprintCache
 from .location import S3Location, chunk_bytes, make_s3_client, transfer_config

@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..checkpoints import atomic_write_json
-from ..interrupt import SaveSignal
+from ..runtime.interrupt import SaveSignal
+from ..runtime.io import atomic_write_json
 from .ec2_detect import SpotPolling, spot_polling
 
 log = logging.getLogger(__name__)

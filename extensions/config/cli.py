@@ -37,7 +37,7 @@ def parse_flags(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespac
 
 def add_config_args(parser: argparse.ArgumentParser, *, stage_script: bool = False) -> None:
     """The shared config flags. ``stage_script``: a pipeline script started through
-    ``extensions.entry_point``, which takes ``machine.default_config`` and handles ``--print-config``."""
+    ``extensions.runtime.entry_point``, which takes ``machine.default_config`` and handles ``--print-config``."""
     group = parser.add_argument_group("configuration")
     default = ("configs/default.yaml with a CUDA GPU, configs/smoke.yaml without" if stage_script
                else "configs/default.yaml")

@@ -16,7 +16,7 @@ say where things go, how often to log or save, or how fast to compute the same n
 - ``eval``: ``model``, ``eval`` and ``verifier``, except ``eval.generation_batch_size``,
   ``compile_decode``, ``generation_workers`` and the verifier's worker counts.
 
-The data a stage read counts too, by content (see ``extensions.stage_freshness``). ``prepare`` has
+The data a stage read counts too, by content (see ``extensions.runtime.freshness``). ``prepare`` has
 its own check on the ``data`` section (``extensions.data.pipeline.input_fingerprint``).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which config a command uses when none is named: production with a GPU, the CPU smoke run without.
 
 Every entry point and run_pipeline.sh ask ``default_config`` (run_pipeline.sh through
-``resume_training.py --print-state``), so a bare ``python evaluate.py --compare`` on a laptop reads
+``python -m extensions.pipeline state``), so a bare ``python evaluate.py --compare`` on a laptop reads
 the same run as ``./run_pipeline.sh`` did there.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-
 
 @dataclass
 class RunConfig:
-    """Where a run lives and what it is called; ``extensions.paths.RunPaths`` derives every path."""
+    """Where a run lives and what it is called; ``extensions.runtime.paths.RunPaths`` derives every path."""
 
     root: str = "."
     run_id: str = "default"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..config import VerifierConfig
+from ..runtime.io import read_jsonl
 from .kernelbook import KernelBookPair
 
 CACHE_ENV = "KERNEL_RL_VERIFY_CACHE"
@@ -73,14 +74,12 @@ def _read_cache(path: Path) -> dict[str, PairVerdict]:
     verdicts: dict[str, PairVerdict] = {}
     if not path.is_file():
         return verdicts
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-                key = row.pop("key")
-                verdicts[key] = PairVerdict(**{k: v for k, v in row.items() if k != "cached"})
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
+    for _, row in read_jsonl(path):  # a line cut by a dying machine is skipped: that pair is verified again
+        try:
+            key = row.pop("key")
+            verdicts[key] = PairVerdict(**{k: v for k, v in row.items() if k != "cached"})
+        except (KeyError, TypeError):
+            continue
     return verdicts
 
 

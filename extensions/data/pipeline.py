@@ -27,19 +27,18 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
-from ..paths import retrieval_index_dir
-from ..run_files import LOCAL_FILES, RunFiles
+from ..prompting.builder import PromptBuilder
+from ..prompting.templates import format_completion
+from ..runtime.io import atomic_write_json, atomic_write_jsonl
+from ..runtime.paths import retrieval_index_dir
+from ..runtime.run_files import LOCAL_FILES, RunFiles
 from ..verify.problem_constants import find_size_constants
-from ..prompt_builder import PromptBuilder
-from ..prompts import format_completion
-from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
@@ -48,6 +47,7 @@ from .kernelbench import EvalTask, read_eval_tasks
 from .kernelbook import KernelBookPair, normalise_row
 from .pair_verification import summarize as summarize_verification, verifier_digest, verify_pairs
 from .report import SourceTally, difficulty_agreement, format_summary
+from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
 from .sources import read_kernelbench, read_kernelbook, source_identity
 from .splits import split_ids
 
@@ -78,7 +78,8 @@ def _code_fingerprint() -> str:
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
     library = here.parent
-    for path in [*(here / name for name in _CODE_FILES), library / "prompts.py", library / "prompt_builder.py",
+    for path in [*(here / name for name in _CODE_FILES), library / "prompting" / "templates.py",
+                 library / "prompting" / "builder.py",
                  *sorted((here / "retrieval").glob("*.py")), *sorted((here / "canonical").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -107,30 +108,6 @@ def is_up_to_date(out_dir: Path, fingerprint: dict[str, Any], files: RunFiles = 
         return json.loads(files.read_text(report_path)).get("fingerprint") == json.loads(json.dumps(fingerprint))
     except (json.JSONDecodeError, OSError):
         return False
-
-
-def _atomic_write_lines(path: Path, rows: Iterable[dict]) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    count = 0
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    return count
-
-
-def _atomic_write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def _progress(iterable, desc: str, enabled: bool, total: Optional[int] = None):
@@ -275,13 +252,13 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
                    "prompt": prompts.messages(item.pair.task_code, task_id=pair_id(uuid)),
                    "completion": format_completion(item.pair.solution_code)}
     outputs = {
-        "sft_train": _atomic_write_lines(out_dir / "sft_train.jsonl", sft_rows(split.train)),
-        "sft_val": _atomic_write_lines(out_dir / "sft_val.jsonl", sft_rows(split.val)),
-        "rl_tasks": _atomic_write_lines(out_dir / "rl_tasks.jsonl", (
+        "sft_train": atomic_write_jsonl(out_dir / "sft_train.jsonl", sft_rows(split.train)),
+        "sft_val": atomic_write_jsonl(out_dir / "sft_val.jsonl", sft_rows(split.val)),
+        "rl_tasks": atomic_write_jsonl(out_dir / "rl_tasks.jsonl", (
             {"task_id": pair_id(uuid), "level": by_uuid[uuid].level, "name": by_uuid[uuid].pair.entry_point,
              "code": by_uuid[uuid].pair.task_code} for uuid in split.rl)),
-        "eval_tasks": _atomic_write_lines(out_dir / "eval_tasks.jsonl", (t.to_row() for t in eval_tasks)),
-        "difficulty_labels": _atomic_write_lines(out_dir / "difficulty_labels.jsonl", (
+        "eval_tasks": atomic_write_jsonl(out_dir / "eval_tasks.jsonl", (t.to_row() for t in eval_tasks)),
+        "difficulty_labels": atomic_write_jsonl(out_dir / "difficulty_labels.jsonl", (
             {"uuid": k.pair.uuid, "level": k.level, "signals": k.signals} for k in kept)),
     }
     kernelbench = [(t.level, t.predicted_level) for t in eval_tasks if t.source == "kernelbench"]
@@ -301,7 +278,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
         "dialects": dict(sorted(Counter(k.pair.dialect for k in kept).items())),
         "seconds": round(time.time() - started, 2),
     }
-    _atomic_write_json(out_dir / REPORT_FILE, report)
+    atomic_write_json(out_dir / REPORT_FILE, report, sort_keys=False, default=None)
     return PrepareOutcome(out_dir, report, up_to_date=False)
 
 

@@ -6,13 +6,13 @@ missing or unreadable as a whole raises ``SourceError`` naming it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from ..runtime.io import file_sha256
 from . import rejections as R
 
 log = logging.getLogger(__name__)
@@ -167,10 +167,6 @@ def source_identity(spec: str) -> dict[str, Any]:
         if not path.is_file():
             raise SourceError(f"data source {spec!r}: file not found")
         stat = path.stat()
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-        return {"spec": str(path.resolve()), "size": stat.st_size, "sha256": digest.hexdigest()}
+        return {"spec": str(path.resolve()), "size": stat.st_size, "sha256": file_sha256(path)}
     # A hub dataset is identified by its id; pass --force to pick up a new upstream revision.
     return {"spec": spec, "hub": True}

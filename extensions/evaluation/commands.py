@@ -14,19 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..checkpoints import META, atomic_write_json, is_complete
 from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
-from ..paths import RunPaths
-from ..prompt_builder import PromptBuilder
-from ..run_files import LOCAL_FILES, RunFiles
-from ..training.activity import rl_activity
+from ..prompting.builder import PromptBuilder
+from ..runtime.activity import rl_activity
+from ..runtime.checkpoints import META, is_complete
+from ..runtime.io import atomic_write_json
+from ..runtime.paths import RunPaths
+from ..runtime.run_files import LOCAL_FILES, RunFiles
 from .compare import compare_reports, write_comparison
+from .generation_cache import model_identity, task_code_hash
 from .inputs import GenerationsFile, InputError, load_tasks, read_generations
 from .kernelbench_runs import export_kernelbench_run, read_kernelbench_run
 from .records import EvalTask
 from .runner import (EvalSettings, VerificationError, build_report, generate_responses, resolve_device,
                      verify_generations)
-from .generation_cache import model_identity, task_code_hash
 from .turns import (build_trajectories, format_turn_table, model_callables, plot_turn_curves,
                     restore_trajectories, run_turns_evaluation, turns_block)
 
@@ -396,11 +397,11 @@ def ensure_output_dir_writable(directory: Path) -> None:
 def run_command(args) -> int:
     """Dispatch parsed ``evaluate.py`` arguments; usage problems become exit status 2.
 
-    Config errors, ``--print-config`` and Ctrl-C are left to the caller (``extensions.entry_point``);
+    Config errors, ``--print-config`` and Ctrl-C are left to the caller (``extensions.runtime.entry_point``);
     the run lock is taken for the run whose outputs/ are written.
     """
-    from ..entry_point import start_config
-    from ..run_lock import lock_run
+    from ..runtime.entry_point import start_config
+    from ..runtime.run_lock import lock_run
 
     try:
         modes = [bool(args.model_path), bool(args.from_generations), bool(args.compare)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..checkpoints import atomic_write_json, atomic_write_text
-from ..training.activity import RLActivity
+from ..runtime.activity import RLActivity
+from ..runtime.io import atomic_write_json, atomic_write_text
 from .metrics import FUNNEL_STAGES
 from .stats import paired_bootstrap
 

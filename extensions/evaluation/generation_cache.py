@@ -18,11 +18,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..checkpoints import META, adapter_content_hash
-from ..prompts import prompt_text_digest
+from ..prompting.templates import prompt_text_digest
+from ..runtime.checkpoints import META, adapter_content_hash
 from .inputs import read_generations
 from .records import EvalTask
 
+# A label recorded in every generations file header, not an import path: it keeps the spelling the
+# prompt builder had when caches were first written, so a module move does not discard them.
 PROMPT_BUILDER = "extensions.prompts.build_messages"
 # What decides the prompts' text (PromptBuilder.describe()); plain prompts when none is given.
 PLAIN_PROMPT = {"builder": PROMPT_BUILDER, "mode": "plain", "text": prompt_text_digest()}

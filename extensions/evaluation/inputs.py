@@ -6,11 +6,11 @@ and sampling settings, then rows ``{"task_id", "sample", "response", ...}``; sev
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from ..runtime.io import BadLine, read_jsonl
 from .records import EvalTask
 
 
@@ -38,19 +38,14 @@ class GenerationsFile:
 def _json_lines(path: Path, issues: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     if not path.is_file():
         raise InputError(f"file not found: {path}")
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                issues.append(f"{path.name}:{number}: malformed JSON line skipped ({exc.msg})")
-                continue
-            if not isinstance(row, dict):
-                issues.append(f"{path.name}:{number}: expected a JSON object, got {type(row).__name__}; skipped")
-                continue
-            yield number, row
+
+    def note(bad: BadLine) -> None:
+        if bad.json_error is not None:
+            issues.append(f"{path.name}:{bad.number}: malformed JSON line skipped ({bad.json_error})")
+        else:
+            issues.append(f"{path.name}:{bad.number}: expected a JSON object, got {bad.value_type}; skipped")
+
+    yield from read_jsonl(path, note)
 
 
 def _task_id(value: Any) -> Optional[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..checkpoints import atomic_write_text
+from ..runtime.io import atomic_write_text
 from .inputs import Generation, GenerationsFile, InputError
 from .records import EvalTask
 

@@ -78,7 +78,7 @@ def generate_responses(model_path: str, tasks: Sequence[EvalTask], settings: Eva
     shards one model over all of them with ``device_map``). ``prompts``: the ``PromptBuilder``
     (default: plain prompts).
     """
-    from ..prompt_builder import PromptBuilder
+    from ..prompting.builder import PromptBuilder
 
     prompts = prompts or PromptBuilder()
     todo = pending_tasks(generations_path, tasks, model_path, settings, log=log, model_cfg=model_cfg,
@@ -161,9 +161,9 @@ def generate_chunks(path: Path, model_path: str, chunks: Sequence[Sequence[EvalT
     ``messages``: each task's prompt by task id (default: the plain prompt of its code)."""
     from tqdm.auto import tqdm
 
-    from ..modeling import load_for_inference
-    from ..prompts import build_messages
-    from ..sampling import SamplingParams, sample_answers
+    from ..models.loading import load_for_inference
+    from ..prompting.templates import build_messages
+    from ..generation.sampling import SamplingParams, sample_answers
 
     model, tokenizer, _info = load_for_inference(model_path, model_cfg)
     try:
@@ -324,7 +324,7 @@ def build_report(*, name: str, model_path: Optional[str], tasks_file: Path, gene
                  generation_rows: Sequence[Any] = ()) -> dict[str, Any]:
     """The evaluation report; ``config`` (the run's PipelineConfig) is stored in full with its fingerprints."""
     from ..config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
-    from ..stage_freshness import file_sha256
+    from ..runtime.freshness import file_sha256
 
     timing, reason = timing_status(device, verifier_cfg, outcome.records)
     skipped_rows = [*input_issues, *outcome.skipped_rows]

@@ -1,5 +1,5 @@
 """Multi-turn evaluation (``evaluate.py --turns T``): each task's samples become trajectories that
-refine their kernel on the verifier's feedback for up to T turns (``extensions.multiturn``).
+refine their kernel on the verifier's feedback for up to T turns (``extensions.generation.multiturn``).
 
 Metrics are given per turn t, over the verdicts standing after t turns (a trajectory solved at turn
 2 counts as correct at turns 2..T; one still failing counts its latest answer): compile rate, correct
@@ -13,13 +13,13 @@ again; trajectories of tasks whose code changed start over.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..multiturn import Trajectory, Turn, TurnStats, run_turns
+from ..generation.multiturn import Trajectory, Turn, TurnStats, run_turns
+from ..runtime.io import atomic_write_jsonl, read_jsonl
 from ..verify.result import VerifyResult
 from .metrics import compute_metrics
 from .records import EvalTask, SampleRecord, SkippedTask, TaskRecord
@@ -84,36 +84,30 @@ def restore_trajectories(path: Path, trajectories: Sequence[Trajectory], header:
 
 def _read_trajectories(path: Path) -> tuple[Optional[dict], list[dict]]:
     header, rows = None, []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # written whole by a rename, so only a hand-edited file has such a line
-            if number == 0 and isinstance(record, dict) and "header" in record:
-                header = record["header"]
-            elif isinstance(record, dict) and isinstance(record.get("turns"), list):
-                rows.append(record)
+    # Written whole by a rename, so only a hand-edited file has a line that is not an object: skipped.
+    for number, record in read_jsonl(path, errors="strict"):
+        if number == 1 and "header" in record:
+            header = record["header"]
+        elif isinstance(record.get("turns"), list):
+            rows.append(record)
     return header, rows
 
 
 def _write_trajectories(path: Path, trajectories: Sequence[Trajectory], header: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps({"header": header}) + "\n")
+    def rows():
+        yield {"header": header}
         for trajectory in trajectories:
             task_id, sample = trajectory.key.rsplit("#", 1)
-            handle.write(json.dumps({"task_id": task_id, "sample": int(sample),
-                                     "turns": [turn.to_dict() for turn in trajectory.turns]}) + "\n")
-    os.replace(tmp, path)
+            yield {"task_id": task_id, "sample": int(sample), "turns": [turn.to_dict() for turn in trajectory.turns]}
+
+    atomic_write_jsonl(path, rows(), ensure_ascii=True)
 
 
 def model_callables(model_path: str, model_cfg, settings: EvalSettings, verifier_cfg, device: str,
                     progress: bool):
     """(generate, verify, count_tokens) over a loaded model and the verifier's batch API."""
-    from ..modeling import load_for_inference
-    from ..sampling import SamplingParams, render_prompt_ids, sample_completions
+    from ..models.loading import load_for_inference
+    from ..generation.sampling import SamplingParams, render_prompt_ids, sample_completions
     from ..verify import VerifyRequest, verify_batch
 
     model, tokenizer, _info = load_for_inference(model_path, model_cfg)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..config import CheckpointConfig
-from ..paths import RunPaths
+from ..runtime.paths import RunPaths
 from .model_card import refresh_model_card
 
 _STATUS_HINTS = {

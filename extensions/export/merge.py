@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ..checkpoints import MANIFEST, finalize, is_complete, read_meta, write_meta
-from ..modeling import is_adapter_dir, load_for_inference
-from ..paths import RunPaths
+from ..models.loading import is_adapter_dir, load_for_inference
+from ..runtime.checkpoints import MANIFEST, finalize, is_complete, read_meta, write_meta
+from ..runtime.paths import RunPaths
 from .model_card import write_model_card
 
 

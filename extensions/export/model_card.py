@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import models
-from ..checkpoints import adapter_content_hash, atomic_write_text, finalize, is_complete, read_meta
 from ..config.sections import HUB_REPO_ID
-from ..modeling import looks_like_local_path
-from ..paths import RunPaths
+from ..models.loading import looks_like_local_path
+from ..runtime.checkpoints import adapter_content_hash, finalize, is_complete, read_meta
+from ..runtime.io import atomic_write_text
+from ..runtime.paths import RunPaths
 
 CARD = "README.md"
 TAGS = ["lora", "triton", "kernel-generation", "gpu-kernels", "code"]
@@ -296,7 +297,7 @@ def usage_lines(base: BaseModel, repo_id: Optional[str], merged: bool) -> list[s
             "answer = model.generate(**inputs, max_new_tokens=2048)",
             "print(tokenizer.decode(answer[0][inputs[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```", "",
             "Training and evaluation prompts carried a system prompt and one worked example before the task; with "
-            "the training project installed, `extensions.prompts.build_messages(task)` builds exactly those "
+            "the training project installed, `extensions.prompting.templates.build_messages(task)` builds exactly those "
             "messages. Run the kernels it writes through a verifier before trusting them."]
 
 

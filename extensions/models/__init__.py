@@ -11,6 +11,10 @@ The cache directory is ``$KERNEL_RL_MODEL_CACHE``, else ``~/.cache/kernel-rl/mod
 a folder there holding the GGUF file and ``verified.json``, written only after the hash matched
 (size and modification time are rechecked on every use; a changed file is hashed again), and
 ``transformers/``, the same weights converted once for fast loading (see ``convert.py``).
+
+Beside fetching: ``loading.py`` loads a model and its tokenizer (hub id, local directory or
+``fetch:``), attaches LoRA and reopens trained adapters; ``tiny.py`` builds the tiny random model
+the tests and the benchmarks' CPU dry runs load like a real one.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+from ..runtime import io as run_io
 
 PREFIX = "fetch:"
 CACHE_ENV = "KERNEL_RL_MODEL_CACHE"
@@ -107,13 +113,8 @@ def model_dir(model: FetchableModel, cache_dir: Optional[str | Path] = None) -> 
 
 
 def file_sha256(path: Path, progress: Optional[Callable[[int], None]] = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return digest.hexdigest()
+    # Larger blocks than the default: these files are several gigabytes.
+    return run_io.file_sha256(path, chunk=_HASH_CHUNK, progress=progress)
 
 
 def _stamp_matches(stamp: Path, model: FetchableModel, stat: os.stat_result) -> bool:

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from ..runtime.io import atomic_write_json
 from . import FetchableModel, ModelIntegrityError, file_sha256
 
 CONVERTED_DIR = "transformers"
@@ -82,9 +83,7 @@ def _write_record(directory: Path, model: FetchableModel, files: dict[str, dict]
 
     record = {"model": model.name, "gguf_sha256": model.sha256, "dtype": STORED_DTYPE,
               "transformers": transformers.__version__, "files": files}
-    tmp = directory / (RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, directory / RECORD)
+    atomic_write_json(directory / RECORD, record, indent=1, sort_keys=False, default=None)
 
 
 def convert(model: FetchableModel, gguf_path: Path) -> Path:

@@ -22,7 +22,6 @@ the epoch, so every rank computes the same plan and a resumed run recomputes it 
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import Counter
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
+from ..runtime.io import BadLine, read_jsonl
 from .packed_attention import sequence_boundaries
 
 log = logging.getLogger(__name__)
@@ -75,19 +75,12 @@ def read_json_rows(path: Path, report: DropReport, what: str) -> Iterator[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path} (run prepare_data.py first)")
-    with open(path) as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                report.add("that are not valid JSON")
-                continue
-            if not isinstance(row, dict):
-                report.add("that are not JSON objects")
-                continue
-            yield row
+
+    def count(bad: BadLine) -> None:
+        report.add("that are not valid JSON" if bad.json_error is not None else "that are not JSON objects")
+
+    for _, row in read_jsonl(path, count, errors="strict"):
+        yield row
 
 
 def tokenize_example(tokenizer, prompt: list[dict], completion: str) -> TokenizedExample:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from ..runtime.io import BadLine, read_jsonl
+
 
 def text_sha1(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
@@ -70,32 +72,31 @@ class CandidateLog:
             return contents
         sample_sha: dict[tuple, str] = {}
         pending_verdicts = []
-        with open(self.path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    kind = record["type"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    contents.damaged_lines += 1
-                    continue
-                if kind == "round" and contents.header is None:
-                    contents.header = record
-                elif kind == "sample" and "turn" in record:
-                    key = turn_key(record)
-                    contents.turn_samples[key] = record
-                    sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
-                elif kind == "sample":
-                    key = (str(record["task_id"]), int(record["sample_index"]))
-                    contents.samples[key] = record["text"]
-                    if isinstance(record.get("token_ids"), list) and isinstance(record.get("logprobs"), list):
-                        contents.sequences[key] = (record["token_ids"], record["logprobs"])
-                    else:
-                        contents.sequences.pop(key, None)
-                    sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
-                elif kind == "verdict":
-                    pending_verdicts.append(record)
+
+        def count_damage(_bad: BadLine) -> None:
+            contents.damaged_lines += 1
+
+        for _, record in read_jsonl(self.path, count_damage):
+            if "type" not in record:
+                contents.damaged_lines += 1
+                continue
+            kind = record["type"]
+            if kind == "round" and contents.header is None:
+                contents.header = record
+            elif kind == "sample" and "turn" in record:
+                key = turn_key(record)
+                contents.turn_samples[key] = record
+                sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
+            elif kind == "sample":
+                key = (str(record["task_id"]), int(record["sample_index"]))
+                contents.samples[key] = record["text"]
+                if isinstance(record.get("token_ids"), list) and isinstance(record.get("logprobs"), list):
+                    contents.sequences[key] = (record["token_ids"], record["logprobs"])
+                else:
+                    contents.sequences.pop(key, None)
+                sample_sha[key] = record.get("sha1") or text_sha1(record["text"])
+            elif kind == "verdict":
+                pending_verdicts.append(record)
         for record in pending_verdicts:
             multi_turn = "turn" in record
             key = turn_key(record) if multi_turn else (str(record["task_id"]), int(record["sample_index"]))

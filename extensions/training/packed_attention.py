@@ -127,7 +127,7 @@ def packed_attention_problem(device) -> Optional[str]:
 
 def use_packed_attention(model, device) -> Optional[str]:
     """Switch an SDPA model to packed varlen attention where it works; returns why not otherwise."""
-    from ..modeling import attention_configs
+    from ..models.loading import attention_configs
 
     configs = attention_configs(model)
     current = {c._attn_implementation for c in configs}

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .. import checkpoints
 from ..data.retrieval import ExampleRetriever
-from ..modeling import load_tokenizer
-from ..paths import RunPaths
-from ..prompt_builder import PromptBuilder
-from ..sampling import render_prompt_ids
+from ..generation.sampling import render_prompt_ids
+from ..models.loading import load_tokenizer
+from ..prompting.builder import PromptBuilder
+from ..runtime import checkpoints
+from ..runtime.io import atomic_write_json
+from ..runtime.paths import RunPaths
 from . import state as train_state
 from .batching import DropReport, read_json_rows
 from .candidates import CandidateLog
@@ -38,11 +39,11 @@ from .distributed import make_dist
 from .metrics import MetricsLogger
 from .objectives import Objective, RoundRollouts, UpdateContext, make_objective
 from .rewards import RewardFn, ScoreFn, gated_user_rewards, load_reward_fn, make_score_fn
-from .round_stats import multiturn_statistics, round_distributions, round_statistics
 from .rollouts import (Candidate, RoundContext, StopRequested, VerifyFn, check_signal, collect_candidates,
                        make_verify_fn, task_prompt_ids)
+from .round_stats import multiturn_statistics, round_distributions, round_statistics
 from .saving import discard_replaced, file_fingerprint, model_card_writer, save_adapter_checkpoint, set_stage_aside
-from .sft import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
+from .stage_common import StageOutcome, prepare_trainable_model, set_seed, skipped_if_finished
 from .trainer import AdapterTrainer, OptimSettings
 from .turn_rollouts import collect_trajectories, with_discounted_returns
 
@@ -302,9 +303,9 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
                   + f"; {turns['prompt_turns_dropped']} earlier turn(s) dropped from prompts", flush=True)
 
     def write_round_files(directory: Path) -> None:
-        checkpoints.atomic_write_json(directory / CURRICULUM_FILE, curriculum.state_dict())
-        checkpoints.atomic_write_json(directory / OBJECTIVE_STATE_FILE, parts.objective.state_dict())
-        checkpoints.atomic_write_json(directory / ROUND_METRICS_FILE, round_metrics)
+        atomic_write_json(directory / CURRICULUM_FILE, curriculum.state_dict())
+        atomic_write_json(directory / OBJECTIVE_STATE_FILE, parts.objective.state_dict())
+        atomic_write_json(directory / ROUND_METRICS_FILE, round_metrics)
 
     saving_started = time.perf_counter()
     round_metrics["seconds"]["round_s"] = saving_started - round_started  # until the save; completed below

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..paths import RunPaths
-from ..prompt_builder import PromptBuilder
-from ..sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
+from ..generation.sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
+from ..prompting.builder import PromptBuilder
+from ..runtime.paths import RunPaths
 from ..verify.result import VerifyResult
 from .candidates import CandidateLog, sample_record, verdict_record
 from .distributed import Dist

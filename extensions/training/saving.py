@@ -13,11 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .. import checkpoints
 from ..config import CheckpointConfig
-from ..modeling import model_meta
-from ..paths import RunPaths
-from ..stage_freshness import stage_inputs
+from ..models.loading import model_meta
+from ..runtime import checkpoints
+from ..runtime.freshness import stage_inputs
+from ..runtime.paths import RunPaths
 from . import state as train_state
 
 

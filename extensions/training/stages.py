@@ -1,7 +1,7 @@
 """Running the training stages in order, with the save/stop signal wired in.
 
 Before a stage runs, its saved result (``final/``, or the newest checkpoint it would resume from)
-must have been made with this run's settings (``extensions.stage_freshness``), and RL needs its
+must have been made with this run's settings (``extensions.runtime.freshness``), and RL needs its
 SFT adapter unless ``rl.init`` is ``base``. ``force`` retrains instead. With
 ``checkpoint.push_to_hub`` the RL stage's final adapter, once finished (or found finished), is
 pushed to ``checkpoint.hub_model_id`` with its model card brought up to date; a failed push is a
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from ..interrupt import SaveSignal
-from ..paths import RunPaths
-from ..run_lock import is_secondary_rank
-from ..stage_freshness import require_fresh, require_rl_start
+from ..runtime.freshness import require_fresh, require_rl_start
+from ..runtime.interrupt import SaveSignal
+from ..runtime.paths import RunPaths
+from ..runtime.run_lock import is_secondary_rank
 
 # The process stopped on request after saving; rerunning the same command resumes.
 EXIT_STOPPED = 75

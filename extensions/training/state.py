@@ -114,7 +114,7 @@ def load_optimizer(directory: Path, optimizer, scheduler=None, map_location=None
 
 
 def save_trainer_state(directory: Path, state: TrainerState) -> None:
-    from ..checkpoints import atomic_write_json
+    from ..runtime.io import atomic_write_json
 
     atomic_write_json(Path(directory) / TRAINER_STATE_FILE, state.to_dict())
 

@@ -1,5 +1,5 @@
 """Multi-turn RL rollouts (``rl.max_turns`` > 1): each sample is a trajectory that refines its kernel
-on the verifier's feedback, through the shared turn driver (``extensions.multiturn.run_turns``).
+on the verifier's feedback, through the shared turn driver (``extensions.generation.multiturn.run_turns``).
 
 Turn by turn, the live trajectories of this rank (unsolved, not yet at ``max_turns``) are sampled
 together, ``generation_batch_size`` sequences per decode call, longest prompts first, and judged
@@ -18,9 +18,9 @@ import json
 import time
 from typing import Sequence
 
-from ..feedback import build_feedback
-from ..multiturn import Trajectory, Turn, discounted_returns, fit_prompt, live_trajectories, run_turns
-from ..sampling import SamplingParams, render_prompt_ids
+from ..generation.multiturn import Trajectory, Turn, discounted_returns, fit_prompt, live_trajectories, run_turns
+from ..generation.sampling import SamplingParams, render_prompt_ids
+from ..prompting.feedback import build_feedback
 from ..verify.result import VerifyResult
 from . import rollouts
 from .candidates import CandidateLog, LogContents, turn_sample_record, verdict_record

@@ -2,7 +2,7 @@
 
 ``build_index`` (called by the data stage) writes the index of the SFT training pairs under the
 run's ``data/processed/retrieval/``; ``ExampleRetriever.open`` reads it back for prompt building
-(``extensions.prompt_builder``).
+(``extensions.prompting.builder``).
 ``lexical`` (BM25 over the normalised code tokens, no download) is the default backend; ``dense``
 (a sentence-transformers embedding model and FAISS) is optional.
 """

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ...run_files import LOCAL_FILES, RunFiles
+from ...runtime.run_files import LOCAL_FILES, RunFiles
 from ..dedup import canonical_tokens, exact_key
 from .backend import RetrievalUnavailable, SearchBackend
 

@@ -28,6 +28,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from ...runtime.io import atomic_write_json, read_jsonl
 from ..dedup import SimilarityIndex, code_shingles
 from .programs import FAMILIES, Program, draw_programs
 
@@ -90,11 +91,7 @@ def captured_path(out: Path) -> Path:
 def _captured_rows(out: Path, done: set[str]) -> dict[str, dict]:
     rows = {}
     if captured_path(out).is_file():
-        for line in captured_path(out).read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for _, row in read_jsonl(captured_path(out), errors="strict"):
             if row.get("sha") and row["sha"] not in done:
                 rows[row["sha"]] = row
     return rows
@@ -117,11 +114,8 @@ def _done_digests(out: Path) -> set[str]:
     done = set()
     for path in (out, dropped_path(out)):
         if path.is_file():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a dying machine: its program runs again
+            # A line cut by a dying machine is skipped: its program runs again.
+            for _, row in read_jsonl(path, errors="strict"):
                 digest = row.get("sha") or row.get("digest")
                 if digest:
                     done.add(digest)
@@ -254,9 +248,7 @@ def _write_report(out: Path, report: SynthesisReport, started: float, previous_r
     summary["runs"] = previous_runs + [{k: summary[k] for k in (
         "tried", "captured", "pairs_built", "seconds", "capture_seconds", "verify_seconds", "pairs_per_minute",
         "stopped_early")}]
-    tmp = report_path(out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, report_path(out))
+    atomic_write_json(report_path(out), summary, sort_keys=False, default=None)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from typing import Any, Optional, Sequence
 
-from ...sampling import eos_token_ids
+from ...generation.sampling import eos_token_ids
 from ..batching import IGNORE_INDEX, DropReport, TokenizedExample
 from ..rollouts import Candidate
 from ..trainer import OptimSettings, StepPlan

@@ -32,7 +32,7 @@ def _training_texts() -> list[str]:
     """Code snippets and the project's own prompt text: a real tokenizer encodes English and code
     compactly, and a tiny one trained on bytes of code alone would spend ~1,800 tokens on the
     instructions, leaving a test's SFT example no room within a 2,048-token window."""
-    from ..prompts import INSTRUCTIONS, SYSTEM_PROMPT, WORKED_EXAMPLE_SOLUTION, WORKED_EXAMPLE_TASK
+    from ..prompting.templates import INSTRUCTIONS, SYSTEM_PROMPT, WORKED_EXAMPLE_SOLUTION, WORKED_EXAMPLE_TASK
 
     return _TRAINING_TEXTS * 4 + [SYSTEM_PROMPT, INSTRUCTIONS, WORKED_EXAMPLE_TASK, WORKED_EXAMPLE_SOLUTION]
 
@@ -78,7 +78,7 @@ def build_tiny_qwen2(vocab_size: int, *, hidden_size: int = 64, num_layers: int 
 
 
 def save_tiny_model(directory: str | Path, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> Path:
-    """Write a tiny Qwen2 + tokenizer to ``directory`` (loadable by ``extensions.modeling``)."""
+    """Write a tiny Qwen2 + tokenizer to ``directory`` (loadable by ``extensions.models.loading``)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
@@ -149,7 +149,7 @@ def tiny_solution_code(index: int) -> str:
 
 
 def tiny_sft_rows(count: int, start: int = 0) -> list[dict]:
-    from ..prompts import build_messages, format_completion
+    from ..prompting.templates import build_messages, format_completion
 
     return [{"uuid": f"tiny-{i}", "level": 1, "prompt": build_messages(tiny_task_code(i)),
              "completion": format_completion(tiny_solution_code(i))} for i in range(start, start + count)]

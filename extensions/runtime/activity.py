@@ -7,7 +7,7 @@ whether the machinery ran, not just whether the stages returned 0. Sources: the 
 candidate logs (``logs/rl/round-NNN.candidates.jsonl``, the verdict of every candidate) and the RL
 metrics log (``logs/rl_metrics.jsonl``, one ``step`` row per optimizer step).
 
-    python -m extensions.training.activity [--config F | --smoke]    # the lines run_pipeline.sh prints
+    python -m extensions.runtime.activity [--config F | --smoke]    # the lines run_pipeline.sh prints
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..paths import RunPaths
+from .io import BadLine, read_jsonl
+from .paths import RunPaths
 
 # The verifier's funnel, in order (extensions.verify.result.STAGES): a candidate whose last passed
 # stage is "compile" reached extract, static and compile. "compile" and later run in the sandbox.
@@ -55,17 +56,11 @@ class RLActivity:
 
 
 def _json_rows(path: Path, activity: RLActivity) -> Iterator[dict]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                activity.damaged_lines += 1  # a crash mid-write leaves a partial last line
-                continue
-            if isinstance(row, dict):
-                yield row
+    def count_damage(bad: BadLine) -> None:
+        if bad.json_error is not None:  # a crash mid-write leaves a partial last line
+            activity.damaged_lines += 1
+
+    return (row for _, row in read_jsonl(path, count_damage))
 
 
 def rl_activity(paths: RunPaths) -> RLActivity:
@@ -98,7 +93,7 @@ def rl_activity(paths: RunPaths) -> RLActivity:
 def main(argv=None) -> int:
     from ..config import add_config_args, config_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m extensions.training.activity", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m extensions.runtime.activity", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
     add_config_args(parser)

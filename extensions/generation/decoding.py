@@ -74,7 +74,7 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout:
 @contextmanager
 def attention_implementation(model, name: str):
     """Run ``model`` with the registered attention function ``name``, restoring the previous one."""
-    from .modeling import attention_configs
+    from ..models.loading import attention_configs
 
     configs = attention_configs(model)
     previous = [config._attn_implementation for config in configs]

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from .verify.result import VerifyResult
-from .verify.reward import is_cheating
+from ..verify.result import VerifyResult
+from ..verify.reward import is_cheating
 
 MAX_ERROR_CHARS = 240
 

@@ -2,7 +2,7 @@
 previous kernels and the verifier's feedback on them.
 
 A trajectory starts from a task's prompt (``PromptBuilder``). Turn t sends the chat so far, the
-model answers, the verifier judges the answer, and the feedback (``extensions.feedback``) becomes
+model answers, the verifier judges the answer, and the feedback (``extensions.prompting.feedback``) becomes
 the next user turn. A trajectory stops at a correct kernel or after ``max_turns`` turns. When a
 prompt would exceed ``max_prompt_tokens``, the oldest refinement turns are dropped first (the task
 and the latest answer with its feedback always stay) and the drop is counted.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from .feedback import build_feedback
-from .prompts import refinement_turns
-from .verify.result import VerifyResult
+from ..prompting.feedback import build_feedback
+from ..prompting.templates import refinement_turns
+from ..verify.result import VerifyResult
 
 # generate(prompts, turn) -> one response per prompt; turn counts from 1.
 Generate = Callable[[list[list[dict[str, str]]], int], list[str]]

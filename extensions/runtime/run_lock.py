@@ -11,9 +11,9 @@ process that finds the lock held by the token in its environment goes on without
 ``run_pipeline.sh`` and ``resume_training.py`` do not deadlock with their own stages. Under
 ``accelerate launch`` only rank 0 takes the lock; the other ranks belong to the same job.
 
-    python -m extensions.run_lock acquire RUN_ROOT --pid PID   # for a shell script: prints the token
-    python -m extensions.run_lock release RUN_ROOT --token TOKEN
-    python -m extensions.run_lock status RUN_ROOT
+    python -m extensions.runtime.run_lock acquire RUN_ROOT --pid PID   # for a shell script: prints the token
+    python -m extensions.runtime.run_lock release RUN_ROOT --token TOKEN
+    python -m extensions.runtime.run_lock status RUN_ROOT
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def lock_run(paths) -> RunLock:
 
 
 def _main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m extensions.run_lock", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m extensions.runtime.run_lock", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("acquire", "release", "status"))
     parser.add_argument("run_root", type=Path)
     parser.add_argument("--pid", type=int, help="acquire: hold the lock for this process (default: the parent)")

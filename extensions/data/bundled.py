@@ -1,8 +1,9 @@
 """The project's bundled starter set: PyTorch -> Triton pairs and separate evaluation tasks.
 
-Each pair lives in ``pairs/<name>.py`` in KernelBook form: the PyTorch half (a module named by its
-class, ``get_inputs``, ``get_init_inputs`` returning ``[args, kwargs]``) after a ``# === pytorch ===``
-line and the Triton half (class ``<Name>New``) after a ``# === triton ===`` line. Each evaluation
+The set is data, kept outside the code package in ``datasets/bundled/`` at the repository's top
+level; this module reads it. Each pair lives in ``pairs/<name>.py`` in KernelBook form: the PyTorch
+half (a module named by its class, ``get_inputs``, ``get_init_inputs`` returning ``[args, kwargs]``)
+after a ``# === pytorch ===`` line and the Triton half (class ``<Name>New``) after a ``# === triton ===`` line. Each evaluation
 task lives in ``eval_tasks/<name>.py`` in KernelBench form: ``# level: N``, then the task
 (``class Model``) after ``# === task ===`` and a reference Triton solution (``class ModelNew``)
 after ``# === solution ===``. The files are data: they are read as text, never imported.
@@ -15,7 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-BUNDLED_DIR = Path(__file__).resolve().parent
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_DIR = REPOSITORY_ROOT / "datasets" / "bundled"
 PAIRS_DIR = BUNDLED_DIR / "pairs"
 EVAL_TASKS_DIR = BUNDLED_DIR / "eval_tasks"
 _MARKER = re.compile(r"^# === (\w+) ===[ \t]*$", re.MULTILINE)
@@ -50,10 +52,17 @@ def _first_class(source: str, path: Path) -> str:
     raise ValueError(f"{path}: the PyTorch half defines no class")
 
 
+def _data_files(folder: Path) -> list[Path]:
+    # A missing folder (a copy of the code without its data) must not read as an empty set.
+    if not folder.is_dir():
+        raise FileNotFoundError(f"bundled data folder not found: {folder}")
+    return sorted(folder.glob("*.py"))
+
+
 def bundled_pairs() -> list[dict]:
     """The pairs as KernelBook rows (same columns as GPUMODE/KernelBook), sorted by file name."""
     rows = []
-    for path in sorted(PAIRS_DIR.glob("*.py")):
+    for path in _data_files(PAIRS_DIR):
         halves = _sections(path, ("pytorch", "triton"))
         rows.append({
             "uuid": f"bundled-{path.stem}",
@@ -74,7 +83,7 @@ def bundled_pairs() -> list[dict]:
 
 def bundled_eval_tasks() -> list[BundledEvalTask]:
     tasks = []
-    for path in sorted(EVAL_TASKS_DIR.glob("*.py")):
+    for path in _data_files(EVAL_TASKS_DIR):
         text = path.read_text(encoding="utf-8")
         level = _LEVEL.search(text)
         if level is None:
@@ -87,7 +96,7 @@ def bundled_eval_tasks() -> list[BundledEvalTask]:
 
 def bundled_fingerprint() -> str:
     digest = hashlib.sha256()
-    for path in sorted([*PAIRS_DIR.glob("*.py"), *EVAL_TASKS_DIR.glob("*.py")]):
+    for path in sorted([*_data_files(PAIRS_DIR), *_data_files(EVAL_TASKS_DIR)]):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

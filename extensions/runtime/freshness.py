@@ -8,13 +8,13 @@ current run would use. Otherwise the run stops with one line per difference and 
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config.fingerprint import differences, stage_view
 from . import checkpoints
-from .config.fingerprint import differences, stage_view
+from . import io as run_io
 from .paths import RunPaths
 from .run_files import LOCAL_FILES, RunFiles
 
@@ -34,13 +34,8 @@ class MissingStageInput(StageCheckError):
 
 
 def file_sha256(path: Path) -> Optional[str]:
-    if not Path(path).is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    """The file's sha256, or None when there is no such file (a stage input not made yet)."""
+    return run_io.file_sha256(path) if Path(path).is_file() else None
 
 
 def rl_start_adapter(paths: RunPaths, cfg) -> Optional[Path]:

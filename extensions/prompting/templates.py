@@ -1,4 +1,7 @@
-"""The one prompt builder: SFT, RL and evaluation ask the model the same way.
+"""The prompt templates: the system prompt, the instructions, the worked example and the message
+layout of a task, its answer and its refinement turns. ``extensions.prompting.builder`` assembles a
+task's prompt from these (with retrieved examples in ``raicl`` mode), so SFT, RL and evaluation ask
+the model the same way.
 
 A task is KernelBench-style PyTorch source (``class Model``, ``get_inputs``, ``get_init_inputs``);
 the model answers with ``class ModelNew`` implemented with Triton kernels in a fenced Python block.

@@ -1,4 +1,5 @@
-"""The prompt of a task under ``prompt.mode``: plain, or with retrieved worked examples (RA-ICL).
+"""The builder that assembles a task's prompt under ``prompt.mode``: plain, or with retrieved worked
+examples (RA-ICL), from the templates in ``extensions.prompting.templates``.
 
 SFT data, RL rollouts and evaluation all ask through a ``PromptBuilder``, so train and test see the
 same format. In ``raicl`` mode the ``raicl_k`` KernelBook pairs most similar to the task are shown
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .prompts import EXAMPLES_AS, add_worked_examples, build_messages, prompt_text_digest
+from .templates import EXAMPLES_AS, add_worked_examples, build_messages, prompt_text_digest
 
 PROMPT_MODES = ("plain", "raicl")
 _CANDIDATES_PER_EXAMPLE = 4

@@ -2,8 +2,8 @@
 
 Whether a stage is done, and whether its result still fits the config, is decided by a few small
 files (the data report, checkpoint manifests and ``meta.json``, ``compare.json``), by the presence
-of others and by the content hashes of a few more. The checks (``extensions.cloud.run_state``,
-``extensions.stage_freshness``, the data pipeline's ``is_up_to_date``, ``comparison_inputs``) read
+of others and by the content hashes of a few more. The checks (``extensions.pipeline.run_state``,
+``extensions.runtime.freshness``, the data pipeline's ``is_up_to_date``, ``comparison_inputs``) read
 them through a RunFiles object. The plain one reads this disk; ``extensions.cloud.restore``'s
 RestoredFiles answers as the disk will look once the run is restored from S3, so a dry run plans
 what the real run will do without downloading the run.
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import checkpoints
+from .io import file_sha256
 
 
 class NotKnownBeforeRestore(RuntimeError):
@@ -32,7 +33,7 @@ class RunFiles:
 
     def sha256(self, path: Path) -> Optional[str]:
         """The file's content hash; None when there is no such file."""
-        return checkpoints.sha256_file(path) if Path(path).is_file() else None
+        return file_sha256(path) if Path(path).is_file() else None
 
     def manifest(self, directory: Path) -> Optional[dict]:
         """The manifest of the complete checkpoint at ``directory``; None when there is none."""

@@ -5,7 +5,7 @@
 
 Exit statuses shared by the scripts: 2 for a config or usage problem (with the nearest valid key),
 a stale or missing stage result, a missing input (prepared data, a model path); 73 when another
-process holds the run (``extensions.run_lock``); 74 when a path cannot be written (a read-only run
+process holds the run (``extensions.runtime.run_lock``); 74 when a path cannot be written (a read-only run
 root, an output directory without permission, a full disk); 130 after a Ctrl-C that aborted. A
 script's own statuses (75: stopped after saving) pass through. Each is one line on stderr, never a
 traceback (``KERNEL_RL_DEBUG=1`` re-raises, for the traceback).
@@ -17,9 +17,9 @@ import os
 import sys
 from typing import Callable, Iterable, Optional
 
-from .config import ConfigError, ConfigHelpRequested, announce_config, config_from_args, config_yaml
+from ..config import ConfigError, ConfigHelpRequested, announce_config, config_from_args, config_yaml
+from .freshness import StageCheckError
 from .run_lock import EXIT_LOCKED, RunLockHeld, is_secondary_rank
-from .stage_freshness import StageCheckError
 
 EXIT_USAGE = 2
 EXIT_CANNOT_WRITE = 74  # sysexits' EX_IOERR

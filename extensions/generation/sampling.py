@@ -1,7 +1,7 @@
 """Batched sampling of completions: RL rollouts and evaluation generate through here.
 
 All ``n`` samples of many prompts are decoded together, ``batch_size`` sequences at a time, sorted
-by prompt length so left padding stays small. Decoding is ``extensions.decoding.decode``: a static
+by prompt length so left padding stays small. Decoding is ``extensions.generation.decoding.decode``: a static
 KV cache and, on a GPU, one CUDA graph per step. Each batch is seeded with ``seed + batch index``,
 so results are reproducible for a given seed and batch composition.
 """
@@ -97,7 +97,7 @@ class TokenProgress:
 class SampledSequence:
     """One sampled continuation: its token ids (ending with the end-of-sequence token when the
     model stopped by itself) and each token's log-probability under the sampling policy
-    (``extensions.decoding``: tempered full distribution, before top-p truncation)."""
+    (``extensions.generation.decoding``: tempered full distribution, before top-p truncation)."""
 
     token_ids: list[int]
     logprobs: list[float]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import models
+from .. import models
 
 log = logging.getLogger(__name__)
 

@@ -16,35 +16,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .io import atomic_write_json, atomic_write_text, file_sha256
 from .paths import checkpoint_index, replaced_stage_dir, replaced_stage_dirs
 
 META = "meta.json"
 MANIFEST = "manifest.json"
 CONFIG_COPY = "config.yaml"
 ADAPTER_WEIGHTS_PREFIX = "adapter_model"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_meta(directory: Path, *, stage: str, config: Any, base_model: str, data: Any,
@@ -56,11 +34,11 @@ def write_meta(directory: Path, *, stage: str, config: Any, base_model: str, dat
     tell whether this result still fits its own config), or just a file name where no resolved
     config exists. ``inputs``: content hashes of what the stage read (data files, start adapter).
     """
-    from .config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
+    from ..config.fingerprint import config_fingerprint, resolved_dict, stage_fingerprint
 
     described: dict[str, Any] = {"config": config, "config_file": config if isinstance(config, str) else None}
     if config is not None and not isinstance(config, str):
-        from .config import config_yaml
+        from ..config import config_yaml
 
         described = {
             "config": resolved_dict(config),
@@ -103,7 +81,7 @@ def adapter_content_hash(directory: Path) -> str | None:
     manifest = read_manifest(directory) if is_complete(directory) else None
     if manifest is not None:
         return manifest_adapter_hash(manifest)
-    return _adapter_digest({str(path.relative_to(directory)): sha256_file(path)
+    return _adapter_digest({str(path.relative_to(directory)): file_sha256(path)
                             for path in sorted(directory.glob(f"{ADAPTER_WEIGHTS_PREFIX}*")) if path.is_file()})
 
 
@@ -135,7 +113,7 @@ def finalize(directory: Path) -> dict:
     if not (directory / META).is_file():
         raise FileNotFoundError(f"{directory}: write meta.json before finalizing")
     files = {
-        str(path.relative_to(directory)): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        str(path.relative_to(directory)): {"size": path.stat().st_size, "sha256": file_sha256(path)}
         for path in _payload_files(directory)
     }
     manifest = {"files": files, "finalized_unix": time.time()}
@@ -164,7 +142,7 @@ def is_complete(directory: Path, verify_hashes: bool = False) -> bool:
         path = directory / name
         if not path.is_file() or path.stat().st_size != entry.get("size"):
             return False
-        if verify_hashes and sha256_file(path) != entry.get("sha256"):
+        if verify_hashes and file_sha256(path) != entry.get("sha256"):
             return False
     return True
 
