@@ -36,11 +36,16 @@ its text rule for them; nothing is dropped for failing to trace.
 
 Row code runs as the data stage runs it when verifying pairs: in a separate process
 (``SignatureTracer``), here one long-lived worker with a per-program timeout that is replaced when
-a program hangs or kills it. Signatures are cached by the program's content hash.
+a program hangs or kills it. Signatures are cached by the program's content hash, this module's
+code and the torch version, in memory and in a JSON-lines file (``$KERNEL_RL_SIGNATURE_CACHE``,
+else ``~/.cache/kernel-rl/operator_signatures.jsonl``), so a re-run traces nothing twice and starts
+no worker. A timeout is cached too (the recurrent KernelBench level-3 models trace for minutes):
+delete the file to try again on a less loaded machine.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -54,6 +59,7 @@ import time
 import types
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Optional
 
@@ -73,7 +79,8 @@ COMMUTATIVE_OPS = frozenset({
     "aten.logical_or", "aten.logical_xor", "aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_xor",
     "aten.hypot", "aten.fmax", "aten.fmin",
 })
-DEFAULT_TIMEOUT_S = 20.0
+DEFAULT_TIMEOUT_S = 10.0
+CACHE_ENV = "KERNEL_RL_SIGNATURE_CACHE"
 _WORKER_START_TIMEOUT_S = 180.0  # importing torch and the first trace, on a loaded machine
 
 
@@ -98,8 +105,20 @@ class Signature:
         return cls(data.get("graph"), data.get("computation"), tuple(data.get("ops") or ()), data.get("error") or "")
 
 
+def cache_path() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or "~/.cache/kernel-rl/operator_signatures.jsonl").expanduser()
+
+
+@lru_cache(maxsize=1)
+def _code_digest() -> str:
+    import torch
+
+    return hashlib.sha256(Path(__file__).read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+
+
 def content_key(source: str, entry_point: str = "Model") -> str:
-    return hashlib.sha256(f"{entry_point}\0{source}".encode()).hexdigest()
+    """The cache key: the program, its entry point, this module's code and the torch version."""
+    return hashlib.sha256(f"{_code_digest()}\0{entry_point}\0{source}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # -- the graph to hashes -------------------------------------------------------------------------------
@@ -177,19 +196,36 @@ def graph_hashes(graph) -> tuple[str, str, tuple[str, ...]]:
             _digest([_abstract(o, coarse, False) for o in outputs]), tuple(ops))
 
 
+def _arguments(node) -> list:
+    """The call's arguments in schema order with the defaults filled in: ``leaky_relu(x)`` and
+    ``leaky_relu(x, 0.2)`` are one operator on one tensor, whether or not the slope was written."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return [*node.args, *(v for _, v in sorted(node.kwargs.items()))]
+    values = []
+    for position, argument in enumerate(schema.arguments):
+        if position < len(node.args):
+            values.append(node.args[position])
+        elif argument.name in node.kwargs:
+            values.append(node.kwargs[argument.name])
+        else:
+            values.append(argument.default_value if argument.has_default_value() else None)
+    return values
+
+
 def _node_label(node, name: str, packet: str, labels: dict, exact: bool) -> str:
     from torch.fx import Node
 
-    args = [_abstract(a, labels, exact) for a in node.args]
-    tensors = [a for a in node.args if isinstance(a, Node)]
-    if packet in COMMUTATIVE_OPS and len(args) == 2 and len(tensors) == 2 and not node.kwargs:
-        args.sort()
+    values = _arguments(node)
+    args = [_abstract(a, labels, exact) for a in values]
+    tensors = [a for a in values if isinstance(a, Node)]
+    if packet in COMMUTATIVE_OPS and len(args) >= 2 and isinstance(values[0], Node) and isinstance(values[1], Node):
+        args[:2] = sorted(args[:2])
     if packet == "getitem":
         args[1] = node.args[1]  # which output of a multi-output operator: part of the dataflow
-    kwargs = sorted((k, _abstract(v, labels, exact)) for k, v in node.kwargs.items())
     # Which tensor inputs are one node: x * x is not x * y, though both inputs read "input".
     sharing = [next(i for i, t in enumerate(tensors) if t is tensor) for tensor in tensors]
-    return _digest((name, args, kwargs, sharing))
+    return _digest((name, args, sharing))
 
 
 # -- tracing (runs row code: call it in a worker, see SignatureTracer) ---------------------------------
@@ -269,10 +305,14 @@ class SignatureTracer:
     """
 
     timeout_s: float = DEFAULT_TIMEOUT_S
+    cache_file: Optional[Path] = None  # None: cache_path(); the in-memory cache always applies
+    persist: bool = True  # read and append the cache file
     cache: dict[str, Signature] = field(default_factory=dict)
-    traced: int = 0
+    traced: int = 0  # programs traced by the worker (not found in a cache)
     seconds: float = 0.0
     _process: Optional[subprocess.Popen] = None
+    _fresh: dict[str, Signature] = field(default_factory=dict)
+    _loaded: bool = False
 
     def __enter__(self) -> "SignatureTracer":
         return self
@@ -280,7 +320,35 @@ class SignatureTracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _load(self) -> None:
+        self._loaded = True
+        path = self.cache_file or cache_path()
+        if not self.persist or not path.is_file():
+            return
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                    self.cache.setdefault(row["key"], Signature.from_dict(row))
+                except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                    continue  # a line cut short by a dying machine
+
+    def _save(self) -> None:
+        entries, self._fresh = self._fresh, {}
+        if not self.persist or not entries:
+            return
+        path = self.cache_file or cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                for key, signature in entries.items():
+                    handle.write(json.dumps({"key": key, **signature.to_dict()}) + "\n")
+        except OSError as exc:  # an unwritable cache costs a re-trace next time, never the run
+            print(f"warning: signature cache {path} cannot be written ({exc.strerror or exc})", file=sys.stderr)
+
     def close(self) -> None:
+        self._save()
         if self._process is None:
             return
         self._process.stdin.close()
@@ -324,6 +392,8 @@ class SignatureTracer:
         return None
 
     def signature(self, source: str, entry_point: str = "Model") -> Signature:
+        if not self._loaded:
+            self._load()
         key = content_key(source, entry_point)
         if key in self.cache:
             return self.cache[key]
@@ -332,6 +402,7 @@ class SignatureTracer:
         self.seconds += time.time() - started
         self.traced += 1
         self.cache[key] = result
+        self._fresh[key] = result
         return result
 
     def _trace(self, source: str, entry_point: str) -> Signature:
