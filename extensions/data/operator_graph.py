@@ -30,8 +30,8 @@ library operator it equals. ``x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))`` is G
 to ``mul``/``div``/``erf``/``add`` nodes, not ``aten.gelu``; recognising it needs algebra on the
 graph, which this does not attempt (the text rule still applies to such rows).
 
-Programs that fail to trace (an exception, a timeout, code that needs real data such as
-``.item()``) get a signature with ``error`` set: the caller counts them as untraceable and keeps
+Programs that fail to trace (an exception, a timeout, more than ``MAX_TRACED_OPERATORS``
+operator calls, a branch on data) get a signature with ``error`` set: the caller counts them as untraceable and keeps
 its text rule for them; nothing is dropped for failing to trace.
 
 Row code runs as the data stage runs it when verifying pairs: in a separate process
@@ -80,6 +80,7 @@ COMMUTATIVE_OPS = frozenset({
     "aten.hypot", "aten.fmax", "aten.fmin",
 })
 DEFAULT_TIMEOUT_S = 10.0
+MAX_TRACED_OPERATORS = 5000  # KernelBench's largest level-3 CNN (DenseNet201) calls about 2000
 CACHE_ENV = "KERNEL_RL_SIGNATURE_CACHE"
 _WORKER_START_TIMEOUT_S = 180.0  # importing torch and the first trace, on a loaded machine
 
@@ -229,6 +230,27 @@ def _node_label(node, name: str, packet: str, labels: dict, exact: bool) -> str:
 
 
 # -- tracing (runs row code: call it in a worker, see SignatureTracer) ---------------------------------
+class GraphTooLarge(RuntimeError):
+    """The program runs more operators than a signature is taken of."""
+
+
+def _OperatorBudget(limit: int):
+    """A dispatch mode that stops a trace after ``limit`` operator calls: a recurrent model unrolled
+    over hundreds of time steps would otherwise trace for minutes only to be called untraceable."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OperatorBudget(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            if self.calls > limit:
+                raise GraphTooLarge(f"more than {limit} operator calls")
+            return func(*args, **(kwargs or {}))
+
+    return OperatorBudget()
+
+
 def trace_graph(source: str, entry_point: str = "Model"):
     """The ATen graph of ``entry_point(*get_init_inputs())`` applied to ``get_inputs()``, traced on
     the meta device under fake tensors. Executes ``source``."""
@@ -253,7 +275,8 @@ def trace_graph(source: str, entry_point: str = "Model"):
     names = list(state)
 
     def run(params, *args):
-        return functional_call(model, dict(zip(names, params)), args)
+        with _OperatorBudget(MAX_TRACED_OPERATORS):
+            return functional_call(model, dict(zip(names, params)), args)
 
     traced = make_fx(functionalize(run), tracing_mode="fake", _allow_non_fake_inputs=True)(list(state.values()), *inputs)
     return traced.graph
