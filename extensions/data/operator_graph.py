@@ -234,7 +234,7 @@ class GraphTooLarge(RuntimeError):
     """The program runs more operators than a signature is taken of."""
 
 
-def _OperatorBudget(limit: int):
+def _operator_budget(limit: int):
     """A dispatch mode that stops a trace after ``limit`` operator calls: a recurrent model unrolled
     over hundreds of time steps would otherwise trace for minutes only to be called untraceable."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -275,7 +275,7 @@ def trace_graph(source: str, entry_point: str = "Model"):
     names = list(state)
 
     def run(params, *args):
-        with _OperatorBudget(MAX_TRACED_OPERATORS):
+        with _operator_budget(MAX_TRACED_OPERATORS):
             return functional_call(model, dict(zip(names, params)), args)
 
     traced = make_fx(functionalize(run), tracing_mode="fake", _allow_non_fake_inputs=True)(list(state.values()), *inputs)
