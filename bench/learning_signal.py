@@ -1,16 +1,26 @@
 """Does SFT and RL make the model write more correct kernels on tasks it never trained on?
 
 A fixed split of KernelBench level-1 and level-2 problems into RL-training tasks and held-out tasks
-(no problem in both; an RL task whose code is near a held-out task's, or a held-out task near the
-prompt's worked example, is dropped and counted), then the project's own stages on it:
+(48 held out by default, 24 per level; no problem in both). Decontamination, by text and by what a
+program computes (its traced operator graph, extensions/data/operator_graph.py): a held-out task
+near the prompt's worked example or computing what it computes is replaced, an RL task near a
+held-out one or computing what one computes is dropped, and the data stage drops every SFT pair
+(and so every retrieval example) that does either; all of it is counted and named in the results.
+Then the project's own stages on it:
 
-    base     evaluate the base model on the held-out tasks
-    sft      LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
-             pairs, verified and decontaminated against the held-out tasks), then evaluate sft/final
-    rl       Best-of-N RL rounds on the RL-training tasks, then evaluate every round-NNN
-    report   correct rate, fast_1 and pass@k per model with bootstrap 95% intervals over tasks,
-             paired differences between consecutive models, a table and a plot of the held-out
-             correct rate against the RL round
+    base       evaluate the base model on the held-out tasks
+    sft        LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
+               pairs, verified and decontaminated against the held-out tasks)
+    sft_eval   evaluate sft/final
+    rl         Best-of-N RL rounds on the RL-training tasks (resumes after the last finished round)
+    rl_eval    evaluate every round-NNN (rl_eval_<n>: round n only)
+    report     correct rate, fast_1 and pass@k (pass@1 and pass@8 at 8 samples) per model with
+               bootstrap 95% intervals over tasks, paired differences between consecutive models,
+               the decontamination report, a table and a plot of the held-out correct rate
+               against the RL round
+
+Every model is evaluated with the same seeds (each task's sampling seed comes from eval.seed and
+the task id). Each phase is sized to fit a 10-minute GPU call on its own.
 
 The settings are configs/learning-signal.yaml, the run a user makes with `./run_pipeline.sh
 --config configs/learning-signal.yaml`; this script adds the split, the run directory, the flags
@@ -18,8 +28,11 @@ given and the report. Every phase is skipped when its result exists, so the same
 after a time limit; each phase's wall-clock time is recorded. The split is saved with the results.
 
     python bench/learning_signal.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl \\
-        --work /tmp/ls --out outputs/learning_signal --phases base,sft
-    python bench/learning_signal.py ... --phases rl,report
+        --work /tmp/ls --out outputs/learning_signal --phases base
+    python bench/learning_signal.py ... --phases sft
+    python bench/learning_signal.py ... --phases sft_eval
+    python bench/learning_signal.py ... --phases rl
+    python bench/learning_signal.py ... --phases rl_eval_1      # then rl_eval_2, ..., report
     python bench/learning_signal.py --quick --kernelbench ... --work /tmp/ls-quick   # CPU dry run, tiny model
 """
 from __future__ import annotations
@@ -33,7 +46,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PHASES = ("base", "sft", "rl", "report")
+PHASES = ("base", "sft", "sft_eval", "rl", "rl_eval", "report")
 SPLIT_SALT = "learning-signal-v1"
 
 
@@ -59,14 +72,40 @@ def read_problems(path: Path, levels: tuple[int, ...]) -> list[dict]:
     return problems
 
 
-def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: int, threshold: float) -> dict:
-    """Held-out and RL-training problems per level, ordered by a salted hash of the problem name."""
+def computation_signatures(codes: list[str]) -> list:
+    """Operator-graph signatures of programs (traced in a worker process, cached by content)."""
+    from extensions.data.operator_graph import SignatureTracer
+
+    with SignatureTracer() as tracer:
+        return tracer.signatures(codes)
+
+
+def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: int, threshold: float,
+               by_computation: bool = True) -> tuple[dict, list[dict], list[dict]]:
+    """Held-out and RL-training problems per level, ordered by a salted hash of the problem name.
+
+    A problem is near another when their code's Jaccard index reaches ``threshold`` or (with
+    ``by_computation``) when they compute the same thing: equal traced operator graphs, shapes and
+    constants abstracted. Held-out problems near the prompt's worked example are passed over, RL
+    problems near a held-out one are dropped; both are named under ``dropped``. Problems that do not
+    trace are judged by text alone and named under ``untraceable``."""
     from extensions.data.dedup import code_shingles, jaccard
+    from extensions.data.operator_graph import ComputationIndex, Signature
     from extensions.data.splits import unit_hash
     from extensions.prompting.templates import WORKED_EXAMPLE_TASK
 
     example = code_shingles(WORKED_EXAMPLE_TASK)
-    heldout, rl, dropped = [], [], {"heldout_near_worked_example": [], "rl_near_heldout": []}
+    if by_computation:
+        example_signature, *signatures = computation_signatures([WORKED_EXAMPLE_TASK] + [p["code"] for p in problems])
+    else:
+        example_signature, signatures = Signature(error="off"), [Signature(error="off")] * len(problems)
+    signature_of = {p["name"]: sig for p, sig in zip(problems, signatures)}
+    example_index = ComputationIndex()
+    example_index.add("worked_example", example_signature)
+    heldout_index = ComputationIndex()
+    heldout, rl = [], []
+    dropped = {"heldout_near_worked_example": [], "heldout_same_computation_as_worked_example": [],
+               "rl_near_heldout": [], "rl_same_computation_as_heldout": []}
     for level in sorted({int(p["level"]) for p in problems}):
         ordered = sorted((p for p in problems if int(p["level"]) == level), key=lambda p: unit_hash(SPLIT_SALT, p["name"]))
         level_heldout = []
@@ -76,7 +115,11 @@ def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: in
             if jaccard(code_shingles(problem["code"]), example) >= threshold:
                 dropped["heldout_near_worked_example"].append(problem["name"])
                 continue
+            if example_index.match(signature_of[problem["name"]]):
+                dropped["heldout_same_computation_as_worked_example"].append(problem["name"])
+                continue
             level_heldout.append(problem)
+            heldout_index.add(problem["name"], signature_of[problem["name"]])
         heldout += level_heldout
         taken = {p["name"] for p in level_heldout}
         level_rl = []
@@ -90,16 +133,23 @@ def make_split(problems: list[dict], *, heldout_per_level: int, rl_per_level: in
             if near:
                 dropped["rl_near_heldout"].append({"rl": problem["name"], "heldout": near})
                 continue
+            same = heldout_index.match(signature_of[problem["name"]])
+            if same:
+                dropped["rl_same_computation_as_heldout"].append(
+                    {"rl": problem["name"], "heldout": same.key, "exact_graph": same.exact})
+                continue
             level_rl.append(problem)
         rl += level_rl
     overlap = {p["name"] for p in heldout} & {p["name"] for p in rl}
     if overlap:
         raise AssertionError(f"split overlap: {sorted(overlap)}")
+    chosen = heldout + rl
     return {
-        "salt": SPLIT_SALT, "decontamination_threshold": threshold,
+        "salt": SPLIT_SALT, "decontamination_threshold": threshold, "by_computation": by_computation,
         "heldout": [{"level": p["level"], "problem_id": p["problem_id"], "name": p["name"]} for p in heldout],
         "rl": [{"level": p["level"], "problem_id": p["problem_id"], "name": p["name"]} for p in rl],
         "dropped": dropped,
+        "untraceable": sorted(p["name"] for p in chosen if by_computation and not signature_of[p["name"]].traceable),
     }, heldout, rl
 
 
@@ -250,12 +300,29 @@ def run_phase(phase: str, cfg, clock: PhaseClock) -> None:
         evaluate(cfg, "base", cfg.model.name_or_path)
     elif phase == "sft":
         run_sft(cfg, progress=True)
+    elif phase == "sft_eval":
         evaluate(cfg, "sft", str(paths.final("sft")))
     elif phase == "rl":
         run_rl(cfg, progress=True)
-        for round_index in range(1, cfg.rl.num_rounds + 1):
+    elif phase.startswith("rl_eval"):
+        rounds = range(1, cfg.rl.num_rounds + 1) if phase == "rl_eval" else [int(phase.rsplit("_", 1)[1])]
+        for round_index in rounds:
+            if not paths.rl_round(round_index).is_dir():
+                raise SystemExit(f"{phase}: RL round {round_index} is not trained; run the rl phase first")
             evaluate(cfg, f"rl_round_{round_index}", str(paths.rl_round(round_index)))
+        phase = "rl_eval"  # the clock sums every round's evaluation
     clock.record(phase, time.time() - started)
+
+
+def phase_order(requested: list[str], rounds: int) -> list[str]:
+    """The requested phases in pipeline order (rl_eval_<n> after rl, by round); unknown names raise."""
+    def rank(phase: str) -> tuple[int, int]:
+        if phase in PHASES:
+            return PHASES.index(phase), 0
+        if phase.startswith("rl_eval_") and phase[len("rl_eval_"):].isdigit() and 1 <= int(phase[8:]) <= rounds:
+            return PHASES.index("rl_eval"), int(phase[8:])
+        raise ValueError(phase)
+    return sorted(dict.fromkeys(requested), key=rank)
 
 
 # -- the report --------------------------------------------------------------------------------------
@@ -309,8 +376,47 @@ def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, 
     return {
         "device": device_name(), "models": models, "model_order": names, "differences": differences,
         "phase_seconds": clock.seconds, "split": {k: v for k, v in split.items() if k != "rl_rows"},
-        "config_overrides": overrides,
+        "samples_per_task": cfg.eval.samples_per_task, "eval_seed": cfg.eval.seed,
+        "decontamination": decontamination_report(cfg, split), "config_overrides": overrides,
     }
+
+
+def decontamination_report(cfg, split: dict) -> dict:
+    """What was dropped to keep the held-out tasks unseen, by rule: the split's own drops (worked
+    example, RL problems) and the data stage's (SFT pairs, and with them the retrieval examples)."""
+    from extensions.paths import RunPaths
+
+    report_path = RunPaths.from_config(cfg).processed / "prepare_report.json"
+    stage = json.loads(report_path.read_text()) if report_path.is_file() else {}
+    kernelbook = stage.get("sources", {}).get("kernelbook", {})
+    reasons = ("overlaps_eval_problem", "same_computation_as_eval_problem")
+    return {
+        "split": {"counts": {reason: len(names) for reason, names in split["dropped"].items()},
+                  "dropped": split["dropped"], "untraceable": split.get("untraceable", [])},
+        "sft_pairs": {"source": kernelbook.get("source"), "read": kernelbook.get("read"), "kept": kernelbook.get("kept"),
+                      "counts": {reason: kernelbook.get("dropped", {}).get(reason, 0) for reason in reasons},
+                      **{k: v for k, v in (stage.get("decontamination") or {}).items() if k not in ("by_text", "by_computation")}},
+        "retrieval_examples": "the SFT training pairs after the data stage's decontamination",
+    }
+
+
+def decontamination_table(report: dict) -> str:
+    lines = ["| decontamination | dropped | which |", "|---|---|---|"]
+    for reason, items in report["split"]["dropped"].items():
+        names = ", ".join(i if isinstance(i, str) else f"{i['rl']} ~ {i['heldout']}" for i in items) or "-"
+        lines.append(f"| split: {reason} | {len(items)} | {names} |")
+    pairs = report["sft_pairs"]
+    by_task: dict[str, list[str]] = {}
+    for item in pairs.get("dropped") or []:
+        by_task.setdefault(item["eval_task"], []).append(item["uuid"])
+    for reason, count in pairs["counts"].items():
+        which = "; ".join(f"{task}: {', '.join(uuids)}" for task, uuids in sorted(by_task.items())) \
+            if reason == "same_computation_as_eval_problem" and by_task else "-"
+        lines.append(f"| SFT pairs: {reason} | {count} | {which} |")
+    untraceable = report["split"]["untraceable"]
+    lines.append(f"| untraceable (text rule only) | split {len(untraceable)}, SFT pairs "
+                 f"{pairs.get('untraceable_pairs', 'n/a')} | {', '.join(untraceable) or '-'} |")
+    return "\n".join(lines)
 
 
 def device_name() -> str:
@@ -378,7 +484,7 @@ def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out:
     results = build_results(cfg, present, reports, split, clock, overrides, resamples)
     out.mkdir(parents=True, exist_ok=True)
     (out / "learning_signal.json").write_text(json.dumps(results, indent=1))
-    (out / "learning_signal.md").write_text(table(results) + "\n")
+    (out / "learning_signal.md").write_text(table(results) + "\n\n" + decontamination_table(results["decontamination"]) + "\n")
     plot(results, out / "learning_signal.png")
     print(table(results))
     print(f"phase seconds: {results['phase_seconds']}  device: {results['device']}")
@@ -390,13 +496,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kernelbench", required=True, help="KernelBench problems JSONL (level, problem_id, name, code)")
     parser.add_argument("--work", required=True, help="run directory (checkpoints, generations, reports)")
     parser.add_argument("--out", default="outputs/learning_signal", help="where the results JSON, table and plot go")
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of {','.join(PHASES)} (rl_eval_<n>: round n only)")
     parser.add_argument("--model", help="model.name_or_path (default: the config's)")
     parser.add_argument("--sft-pairs",
                         help="SFT pairs: 'bundled', or a KernelBook-format JSONL (default: the config's, the "
                              "synthesizer's bench/results/synthesized_pairs_h100.jsonl.gz); every pair is "
                              "verified by the data stage and decontaminated against the held-out split")
-    parser.add_argument("--heldout-tasks", type=int, default=24)
+    parser.add_argument("--heldout-tasks", type=int, default=48, help="held-out problems, half from each level")
     parser.add_argument("--rl-tasks", type=int, default=24)
     parser.add_argument("--samples", type=int, help="samples per task in RL and evaluation (default: the config's)")
     parser.add_argument("--rl-rounds", type=int, help="default: the config's rl.num_rounds")
@@ -430,9 +537,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                 setattr(args, name, int(value))
             except ValueError:
                 parser.error(f"--{name.replace('_', '-')} takes a number of tokens or 'auto', not {value!r}")
-    unknown = set(args.phases.split(",")) - set(PHASES)
+    unknown = {p for p in args.phases.split(",") if p not in PHASES
+               and not (p.startswith("rl_eval_") and p[len("rl_eval_"):].isdigit())}
     if unknown:
-        parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES}")
+        parser.error(f"unknown phase(s) {sorted(unknown)}; choose from {PHASES} or rl_eval_<n>")
     return args
 
 
@@ -458,7 +566,11 @@ def main(argv=None) -> int:
         for name in measure:
             setattr(args, name, budgets[name])
         cfg, overrides = build_config(args, work)
-    for phase in [p for p in PHASES if p in args.phases.split(",")]:
+    try:
+        phases = phase_order(args.phases.split(","), cfg.rl.num_rounds)
+    except ValueError as exc:
+        raise SystemExit(f"phase {exc} names an RL round the config does not have (rl.num_rounds={cfg.rl.num_rounds})")
+    for phase in phases:
         print(f"==== {phase}", flush=True)
         if phase == "report":
             report_phase(cfg, split, clock, overrides, Path(args.out), args.bootstrap)

@@ -28,6 +28,11 @@ if "KERNEL_RL_VERIFY_CACHE" not in os.environ:
     import tempfile
 
     os.environ["KERNEL_RL_VERIFY_CACHE"] = str(Path(tempfile.mkdtemp(prefix="kernel-rl-tests-")) / "verified_pairs.jsonl")
+# The same for the operator-graph signatures the decontamination traces.
+if "KERNEL_RL_SIGNATURE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["KERNEL_RL_SIGNATURE_CACHE"] = str(Path(tempfile.mkdtemp(prefix="kernel-rl-tests-")) / "signatures.jsonl")
 
 # Tests talk to loopback only: a hub model id that is not cached fails at once instead of asking
 # huggingface.co (the tests that exercise the hub path point HF_ENDPOINT at 127.0.0.1 themselves).

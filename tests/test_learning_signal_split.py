@@ -84,4 +84,8 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
     assert results["model_order"] == ["base", "sft", "rl_round_1"]
     assert all(results["models"][name]["correct_rate"]["tasks"] == 2 for name in results["model_order"])
     assert "stops at" in (out / "learning_signal.md").read_text() and (out / "learning_signal.png").is_file()
-    assert set(json.loads((tmp_path / "work" / "phase_seconds.json").read_text())) == {"base", "sft", "rl"}
+    assert set(json.loads((tmp_path / "work" / "phase_seconds.json").read_text())) == {"base", "sft", "sft_eval", "rl", "rl_eval"}
+    decontamination = results["decontamination"]
+    assert set(decontamination["split"]["counts"]) >= {"rl_near_heldout", "rl_same_computation_as_heldout"}
+    assert "same_computation_as_eval_problem" in decontamination["sft_pairs"]["counts"]
+    assert "| decontamination |" in (out / "learning_signal.md").read_text()

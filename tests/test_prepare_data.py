@@ -92,8 +92,12 @@ def _planted_jsonl(path: Path, kernelbench_jsonl: Path) -> dict[str, int]:
     plant(R.NEAR_DUPLICATE, json.dumps(renamed).encode())
     plant(R.CONTAMINATED, json.dumps(_kernelbench_copy(kernelbench_jsonl, "23_Softmax", "RowwiseSoftmax")).encode())
     plant(R.CONTAMINATED, json.dumps(_kernelbench_copy(kernelbench_jsonl, "76_Gemm_Add_ReLU", "GemmThing")).encode())
+    # Two good rows compute what a KernelBench problem computes (leaky_relu is 20_LeakyReLU,
+    # layer_norm 40_LayerNorm): the computation rule drops them after the text rules.
+    expected[R.SAME_COMPUTATION] = 2
     path.write_bytes(b"\n".join(lines) + b"\n")
-    return {"read": len(lines), "kept": len(good), "dropped": expected}
+    kept = [row["uuid"] for row in good if row["uuid"] not in ("good-1", "good-4")]
+    return {"read": len(lines), "kept": len(kept), "kept_uuids": set(kept), "dropped": expected}
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -123,7 +127,10 @@ def test_cli_counts_every_planted_defect(tmp_path, kernelbench_jsonl, project_ro
     train, val, rl = (_read_jsonl(out / f) for f in ("sft_train.jsonl", "sft_val.jsonl", "rl_tasks.jsonl"))
     assert len(train) + len(val) + len(rl) == expected["kept"]
     labels = _read_jsonl(out / "difficulty_labels.jsonl")
-    assert {row["uuid"] for row in labels} == {f"good-{i}" for i in range(expected["kept"])}
+    assert {row["uuid"] for row in labels} == expected["kept_uuids"]
+    dropped = {(d["uuid"], d["eval_task"]) for d in report["decontamination"]["dropped"]}
+    assert dropped == {("good-1", "L1_20_LeakyReLU"), ("good-4", "L1_40_LayerNorm")}
+    assert report["decontamination"]["by_text"] == 2 and report["decontamination"]["by_computation"] == 2
     for row in train + val:
         assert set(row) == {"uuid", "level", "prompt", "completion"}
         assert row["prompt"][-1]["role"] == "user" and "class Model(nn.Module)" in row["prompt"][-1]["content"]

@@ -61,6 +61,9 @@ class DataConfig:
     rl_task_ids: list[str] = field(default_factory=list)
     near_duplicate_threshold: float = 0.9
     decontamination_threshold: float = 0.85
+    # Also drop a training row that computes what an evaluation task computes, however it is
+    # spelled: equal traced operator graphs with shapes abstracted (extensions/data/operator_graph.py).
+    decontaminate_by_computation: bool = True
     max_prompt_chars: int = 12000  # longer normalised tasks are dropped (task_too_long)
     max_completion_chars: int = 16000  # longer solutions are dropped (solution_too_long)
     # Drop solutions that hand the math to vendor kernels (inductor's extern_kernels.mm, aten.*):

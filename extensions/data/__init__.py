@@ -5,6 +5,7 @@
 
 Modules: ``sources`` (hub, local files, bundled set), ``kernelbook`` (schema and normalisation to
 KernelBench form), ``kernelbench`` (evaluation tasks), ``dedup`` (normalised-code similarity),
+``operator_graph`` (what a program computes: traced ATen graphs, for decontamination),
 ``difficulty`` (AST difficulty labels), ``splits``, ``report``, ``pipeline`` (the stage itself),
 ``bundled`` (the starter set).
 """

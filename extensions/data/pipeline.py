@@ -2,7 +2,7 @@
 
 ``prepare(cfg, out_dir)`` reads KernelBook (hub, local file or the bundled set) and KernelBench,
 normalises and validates every row, removes exact and near duplicates and training rows that copy an
-evaluation problem, labels difficulty, splits deterministically and writes (each file atomically,
+evaluation problem (by text, and by what they compute: ``operator_graph``), labels difficulty, splits deterministically and writes (each file atomically,
 the report last):
 
     sft_train.jsonl  sft_val.jsonl   {"uuid", "level", "prompt", "completion"}
@@ -11,8 +11,10 @@ the report last):
     difficulty_labels.jsonl          {"uuid", "level", "signals"}
     retrieval/                       worked-example index of the SFT training pairs (RA-ICL)
     prepare_report.json              per-source read/kept/dropped-by-reason, agreement, fingerprint,
-                                     the index's size, the prompts' retrieval statistics and the
-                                     verification of every kept pair (``verification``)
+                                     the index's size, the prompts' retrieval statistics, the
+                                     verification of every kept pair (``verification``) and the
+                                     decontamination (``decontamination``: counts by rule, the
+                                     pairs dropped for computing an evaluation task, untraceable)
 
 KernelBook rows are canonicalised from inductor's dialect (``canonical/``) while they are read, and
 every kept pair is judged by the verifier (``pair_verification``) before it is split: a pair the
@@ -45,6 +47,7 @@ from .dedup import SimilarityIndex, code_shingles, exact_key
 from .difficulty import analyse_module
 from .kernelbench import EvalTask, read_eval_tasks
 from .kernelbook import KernelBookPair, normalise_row
+from .operator_graph import ComputationIndex, SignatureTracer
 from .pair_verification import summarize as summarize_verification, verifier_digest, verify_pairs
 from .report import SourceTally, difficulty_agreement, format_summary
 from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
@@ -57,7 +60,7 @@ OUTPUT_FILES = ("sft_train.jsonl", "sft_val.jsonl", "rl_tasks.jsonl", "eval_task
                 "difficulty_labels.jsonl")
 REPORT_FILE = "prepare_report.json"
 _CODE_FILES = ("kernelbook.py", "kernelbench.py", "dedup.py", "difficulty.py", "splits.py",
-               "pipeline.py", "rejections.py", "sources.py", "pair_verification.py")
+               "pipeline.py", "rejections.py", "sources.py", "pair_verification.py", "operator_graph.py")
 
 
 @dataclass
@@ -185,6 +188,48 @@ def collect_pairs(data_cfg, eval_tasks: list[EvalTask], tally: SourceTally, *, m
     return kept
 
 
+def drop_same_computation(kept: list[_KeptPair], eval_tasks: list[EvalTask], tally: SourceTally, *,
+                          enabled: bool, tracer: Optional[SignatureTracer] = None) -> tuple[list[_KeptPair], dict]:
+    """Drop every kept pair whose task computes what an evaluation task computes (its traced operator
+    graph, shapes abstracted, equals the task's), counted as ``same_computation_as_eval_problem``.
+    A pair or task that does not trace stays under the text rule alone, and is counted."""
+    by_text = tally.dropped.get(R.CONTAMINATED, 0)
+    if not enabled:
+        return kept, {"by_text": by_text, "by_computation": None,
+                      "skipped": "data.decontaminate_by_computation is false"}
+    if not eval_tasks or not kept:
+        return kept, {"by_text": by_text, "by_computation": 0, "eval_tasks_traced": 0, "pairs_traced": 0,
+                      "untraceable_eval_tasks": [], "untraceable_pairs": 0, "dropped": []}
+    started = time.time()
+    own_tracer = tracer is None
+    tracer = tracer or SignatureTracer()
+    try:
+        index = ComputationIndex()
+        for task in eval_tasks:
+            index.add(task.task_id, tracer.signature(task.code))
+        passed, dropped, untraceable = [], [], 0
+        for item in kept:
+            signature = tracer.signature(item.pair.task_code)
+            untraceable += not signature.traceable
+            match = index.match(signature)
+            if match is None:
+                passed.append(item)
+                continue
+            tally.unkeep(R.SAME_COMPUTATION)
+            dropped.append({"uuid": item.pair.uuid, "eval_task": match.key, "exact_graph": match.exact,
+                            "ops": list(signature.ops)})
+            log.debug("pair %s computes what %s computes", item.pair.uuid, match.key)
+    finally:
+        if own_tracer:
+            tracer.close()
+    return passed, {
+        "by_text": by_text, "by_computation": len(dropped),
+        "eval_tasks_traced": len(eval_tasks) - len(index.untraceable), "pairs_traced": len(kept) - untraceable,
+        "untraceable_eval_tasks": list(index.untraceable), "untraceable_pairs": untraceable,
+        "dropped": dropped, "seconds": round(time.time() - started, 2),
+    }
+
+
 def verify_kept_pairs(kept: list[_KeptPair], cfg, tally: SourceTally,
                       progress: bool) -> tuple[list[_KeptPair], dict[str, Any]]:
     """Judge every kept pair with the reward's verifier; the rejected ones are dropped and counted."""
@@ -229,6 +274,8 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
     eval_tasks = collect_eval_tasks(data_cfg, tallies, progress)
     kept = collect_pairs(data_cfg, eval_tasks, tallies["kernelbook"], max_samples=data_cfg.max_samples,
                          progress=progress)
+    kept, decontamination = drop_same_computation(kept, eval_tasks, tallies["kernelbook"],
+                                                  enabled=data_cfg.decontaminate_by_computation)
     kept, verification = verify_kept_pairs(kept, cfg, tallies["kernelbook"], progress)
 
     by_uuid = {k.pair.uuid: k for k in kept}
@@ -275,6 +322,7 @@ def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[in
         "retrieval": {"index": retrieval_meta, "sft_prompts": prompts.stats()},
         "rl_task_ids_missing": rl_ids_missing,
         "verification": verification,
+        "decontamination": decontamination,
         "dialects": dict(sorted(Counter(k.pair.dialect for k in kept).items())),
         "seconds": round(time.time() - started, 2),
     }

@@ -21,7 +21,8 @@ TASK_TOO_LONG = "task_too_long"
 SOLUTION_TOO_LONG = "solution_too_long"
 EXACT_DUPLICATE = "exact_duplicate"
 NEAR_DUPLICATE = "near_duplicate"
-CONTAMINATED = "overlaps_eval_problem"
+CONTAMINATED = "overlaps_eval_problem"  # text: task Jaccard >= decontamination_threshold
+SAME_COMPUTATION = "same_computation_as_eval_problem"  # traced operator graph (operator_graph.py)
 LEVEL_NOT_SELECTED = "level_not_selected"
 BAD_LEVEL = "bad_level"
 

@@ -74,6 +74,11 @@ def format_summary(report: dict[str, Any]) -> str:
                      + (f", failed by stage: {verification['failed_by_stage']}" if verification["failed"] else ""))
     elif verification.get("skipped"):
         lines.append(f"verified pairs: none ({verification['skipped']})")
+    decontamination = report.get("decontamination") or {}
+    if decontamination.get("by_computation") is not None:
+        lines.append(f"decontaminated: {decontamination['by_text']} by text, {decontamination['by_computation']} by "
+                     f"computation (untraceable: {decontamination['untraceable_pairs']} pairs, "
+                     f"{len(decontamination['untraceable_eval_tasks'])} eval tasks; the text rule alone judged them)")
     missing = report.get("rl_task_ids_missing")
     if missing:
         lines.append(f"data.rl_task_ids not among the kept rows: {', '.join(missing)}")

@@ -2,8 +2,10 @@
 
 KernelBook was made by running torch inductor over PyTorch modules; this does the same on the
 user's GPU, for programs drawn by ``programs.draw_programs`` and for module files the user names.
-Every program is decontaminated against the evaluation tasks and de-duplicated against the
-programs before it (the data stage's own similarity measure and thresholds) before it is compiled;
+Every program is decontaminated against the evaluation tasks (the data stage's text similarity and
+thresholds, and its traced-computation rule: a program that computes what a task computes is
+dropped as ``same_computation_as_eval_problem``) and de-duplicated against the programs before it
+before it is compiled;
 every captured pair is canonicalised and verified on CUDA by the project's verifier (correctness
 on every input set; timing off, since a pair is training data, not a reward). Captures run in
 worker processes while the verifier judges the previous batch.
@@ -30,6 +32,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from ...runtime.io import atomic_write_json, read_jsonl
 from ..dedup import SimilarityIndex, code_shingles
+from ..operator_graph import ComputationIndex, SignatureTracer
 from .programs import FAMILIES, Program, draw_programs
 
 
@@ -43,6 +46,7 @@ class SynthesisOptions:
     eval_tasks: list[Path] = field(default_factory=list)  # KernelBench-style JSONL to decontaminate against
     decontamination_threshold: float = 0.85  # the data stage's defaults (DataConfig)
     near_duplicate_threshold: float = 0.9
+    decontaminate_by_computation: bool = True  # also drop programs whose traced graph equals a task's
     capture_workers: int = 0  # 0: half the CPU cores, at most 12
     verify_batch: int = 48  # candidates per verifier call: a deadline waits for one call at most
     verify_workers: int = 0  # verifier slots; 0: the verifier's own default
@@ -64,6 +68,7 @@ class SynthesisReport:
     capture_seconds: float = 0.0  # summed over capture workers
     verify_seconds: float = 0.0  # wall time of the verifier's batches
     stopped_early: bool = False
+    untraceable: int = 0  # programs whose computation could not be traced (the text rule alone judged them)
 
     def count(self, family: str, outcome: str) -> None:
         """One program's outcome: kept, or the reason it was dropped."""
@@ -122,15 +127,26 @@ def _done_digests(out: Path) -> set[str]:
     return done
 
 
-def _eval_index(paths: Iterable[Path]) -> SimilarityIndex:
-    index = SimilarityIndex()
+def _eval_rows(paths: Iterable[Path]) -> dict[str, str]:
+    """Evaluation task code by key (``<level>_<name>``)."""
+    rows = {}
     for path in paths:
         for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines()):
             try:
                 row = json.loads(line)
-                index.add(f"{row.get('level', '?')}_{row.get('name', number)}", code_shingles(row["code"]))
-            except (json.JSONDecodeError, KeyError, SyntaxError, ValueError):
+                rows[f"{row.get('level', '?')}_{row.get('name', number)}"] = row["code"]
+            except (json.JSONDecodeError, KeyError, TypeError):
                 continue
+    return rows
+
+
+def _eval_index(paths: Iterable[Path]) -> SimilarityIndex:
+    index = SimilarityIndex()
+    for key, code in _eval_rows(paths).items():
+        try:
+            index.add(key, code_shingles(code))
+        except (SyntaxError, ValueError):
+            continue
     return index
 
 
@@ -172,21 +188,34 @@ def screen_programs(programs: list[Program], options: SynthesisOptions, report: 
                     dropped: _Appender) -> list[Program]:
     """Decontaminate and de-duplicate, in order; what is dropped is written and counted."""
     eval_index = _eval_index(options.eval_tasks)
+    by_computation = options.decontaminate_by_computation and len(eval_index) > 0
     kept_index = SimilarityIndex()
     kept, rows = [], []
-    for program in programs:
-        shingles = code_shingles(program.source)
-        match = eval_index.most_similar(shingles, options.decontamination_threshold)
-        reason = "overlaps_eval_problem" if match else ""
-        if not reason:
-            near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
-            reason = "near_duplicate" if near else ""
-        if reason:
-            report.count(program.family, reason)
-            rows.append(_dropped_row(program, reason, f"{(match or near)[0]} ({(match or near)[1]:.2f})"))
-            continue
-        kept_index.add(program.digest, shingles)
-        kept.append(program)
+    with SignatureTracer() as tracer:
+        computations = ComputationIndex()
+        if by_computation:
+            for key, code in _eval_rows(options.eval_tasks).items():
+                computations.add(key, tracer.signature(code))
+        for program in programs:
+            shingles = code_shingles(program.source)
+            match = eval_index.most_similar(shingles, options.decontamination_threshold)
+            reason, detail = ("overlaps_eval_problem", f"{match[0]} ({match[1]:.2f})") if match else ("", "")
+            if not reason and by_computation:
+                signature = tracer.signature(program.source)
+                report.untraceable += not signature.traceable
+                same = computations.match(signature)
+                if same:
+                    reason = "same_computation_as_eval_problem"
+                    detail = f"{same.key} ({'exact graph' if same.exact else 'same computation'})"
+            if not reason:
+                near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
+                reason, detail = ("near_duplicate", f"{near[0]} ({near[1]:.2f})") if near else ("", "")
+            if reason:
+                report.count(program.family, reason)
+                rows.append(_dropped_row(program, reason, detail))
+                continue
+            kept_index.add(program.digest, shingles)
+            kept.append(program)
     dropped.write(rows)
     return kept
 
