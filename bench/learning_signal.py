@@ -384,7 +384,7 @@ def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, 
 def decontamination_report(cfg, split: dict) -> dict:
     """What was dropped to keep the held-out tasks unseen, by rule: the split's own drops (worked
     example, RL problems) and the data stage's (SFT pairs, and with them the retrieval examples)."""
-    from extensions.paths import RunPaths
+    from extensions.runtime.paths import RunPaths
 
     report_path = RunPaths.from_config(cfg).processed / "prepare_report.json"
     stage = json.loads(report_path.read_text()) if report_path.is_file() else {}

@@ -28,8 +28,6 @@ def check_rl_settings(rl) -> None:
         problems.append(f"rl.max_turns must be >= 1, got {rl.max_turns}")
     if not 0.0 <= rl.gamma <= 1.0:
         problems.append(f"rl.gamma must be in [0, 1], got {rl.gamma}")
-    if rl.reward_preset == "weights" and rl.reward_weights.speedup_saturation <= 0:
-        problems.append("rl.reward_weights.speedup_saturation must be > 0")
     if problems:
         raise ValueError("; ".join(problems))
 
