@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = TESTS_DIR.parent
+
+# Test files sit in subfolders that follow the library's layout (tests/verify/, tests/training/, ...);
+# the support modules (s3_testing, sandbox_support, rl_synthetic, project_paths, ...) and fixtures/
+# stay here, so every test imports them by plain name wherever its own file is.
+for _path in (PROJECT_ROOT, TESTS_DIR):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
 KERNELBENCH_JSONL = Path(os.environ.get(
     "KERNELBENCH_JSONL", PROJECT_ROOT.parent / "shared" / "kernelbench" / "kernelbench_problems.jsonl"))
-
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
 
 def _cuda_available() -> bool:
     try:

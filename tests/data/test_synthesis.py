@@ -1,0 +1,101 @@
+"""The synthesizer's CPU-side parts: the program generator, the graph-input mapping, the solution
+class, resuming captured rows through the verifier, and the CLI's answer on a machine without CUDA.
+(Capturing with inductor needs a GPU: bench/device_session.sh synthesize runs it there.)"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+import types
+from collections import Counter
+
+from extensions.data.synthesis.build import SynthesisOptions, captured_path, dropped_path, report_path, synthesize
+from extensions.data.synthesis.capture import solution_class, source_expression
+from extensions.data.synthesis.programs import FAMILIES, draw_programs
+from project_paths import FIXTURES_DIR, PROJECT_ROOT
+
+FIXTURES = FIXTURES_DIR / "kernelbook_real"
+
+
+def _run_program(source: str):
+    module = types.ModuleType("program")
+    exec(source, module.__dict__)
+    return module, module.Model(*module.get_init_inputs())(*module.get_inputs())
+
+
+def test_programs_are_deterministic_runnable_and_cover_every_family():
+    programs = draw_programs(240, seed=7)
+    assert [p.source for p in programs] == [p.source for p in draw_programs(240, seed=7)]
+    assert [p.source for p in draw_programs(40, seed=7)] == [p.source for p in programs[:40]]  # a larger draw extends
+    assert set(Counter(p.family for p in programs)) == set(FAMILIES)
+    assert len({p.digest for p in programs}) == len(programs)
+    for program in programs:
+        module, output = _run_program(program.source)
+        constants = {k: v for k, v in vars(module).items() if isinstance(v, int) and not k.startswith("_")}
+        assert constants, program.name  # sizes are module-level constants, which the verifier varies
+        sizes = [v for v in constants.values()]
+        assert len(set(sizes)) == len(sizes), (program.name, constants)  # no two dimensions equal
+        assert all(v >= 2 for v in sizes)
+        init = ast.parse(program.source)
+        forward = next(n for n in ast.walk(init) if isinstance(n, ast.FunctionDef) and n.name == "get_init_inputs")
+        assert not re.search(r"\d\.\d", ast.unparse(forward)), program.name  # no float in the constructor
+
+
+def test_graph_inputs_map_to_parameters_forward_arguments_and_their_sizes():
+    names = ["self.linear.weight", "self.linear.bias", "x"]
+    assert source_expression("L['args'][0]", names) == "self.linear.weight"
+    assert source_expression("L['args'][2].size()[1]", names) == "x.size(1)"
+    assert source_expression("L['args'][0].stride()[0]", names) == "self.linear.weight.stride(0)"
+    assert source_expression("L['args'][3]", names) is None
+    assert source_expression("G['model']._modules['linear']", names) is None
+
+
+def test_solution_class_keeps_the_constructor_and_calls_the_wrapper():
+    program = next(p for p in draw_programs(200, seed=3) if p.family == "gemm" and "nn.Linear" in p.source)
+    text = solution_class(program.source, ["self.linear.weight", "self.linear.bias", "x.size(0)", "x"])
+    tree = ast.parse(text)
+    cls = tree.body[0]
+    assert cls.name == "ModelNew"
+    init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    assert "nn.Linear(in_features, out_features)" in ast.unparse(init)
+    assert "return call([self.linear.weight, self.linear.bias, x.size(0), x])[0]" in text
+
+
+def test_captured_rows_are_verified_on_resume_and_a_rerun_does_nothing(tmp_path):
+    rows = [json.loads(line) for line in (FIXTURES / "inductor_async.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["module_name"].startswith(("elementwise", "activation"))][:2]
+    modules = []
+    for row in rows:
+        path = tmp_path / f"{row['module_name']}.py"
+        path.write_text(row["python_code"])
+        modules.append(path)
+    out = tmp_path / "pairs.jsonl"
+    captured = [{**row, "sha": __import__("hashlib").sha256(row["python_code"].encode()).hexdigest()[:16]}
+                for row in rows]
+    captured_path(out).write_text("".join(json.dumps(r) + "\n" for r in captured))
+    options = SynthesisOptions(out=out, count=0, module_files=modules, verify_device="cpu", progress=False,
+                               capture_workers=1)
+    report = synthesize(options)
+    assert report.pairs_built == 2 and report.tried == 0  # verified without compiling again
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["sha"] for r in kept} == {r["sha"] for r in captured}
+    assert all(r["verified"]["device"] == "cpu" for r in kept)
+    saved = json.loads(report_path(out).read_text())
+    assert saved["pairs_in_file"] == 2 and len(saved["runs"]) == 1
+    again = synthesize(options)
+    assert again.already_done == 2 and again.pairs_built == 0
+    assert len(json.loads(report_path(out).read_text())["runs"]) == 2
+    assert not dropped_path(out).read_text().strip()
+
+
+def test_cli_without_cuda_says_so_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "extensions.data.synthesis", "--out", str(tmp_path / "p.jsonl"),
+                             "--count", "3"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no CUDA device" in result.stderr
+    missing = subprocess.run([sys.executable, "-m", "extensions.data.synthesis", "--out", str(tmp_path / "p.jsonl"),
+                              "--modules", str(tmp_path / "nope.py")], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "file not found" in missing.stderr
