@@ -48,13 +48,13 @@ bwrap --ro-bind / / --dev /dev --proc /proc --unshare-net true && echo bwrap-wor
 }
 
 run_gpu_marked() {
-  step gpu_tests 420 env KERNELBENCH_JSONL="$KERNELBENCH" "$PY" -m pytest -q -x -m gpu tests/test_timing_gpu.py tests/test_verify_funnel.py tests/test_runtime_audit.py tests/test_sandbox.py tests/test_triton_cache.py tests/test_decoding.py -p no:cacheprovider
+  step gpu_tests 420 env KERNELBENCH_JSONL="$KERNELBENCH" "$PY" -m pytest -q -x -m gpu tests/verify/test_timing_gpu.py tests/verify/test_verify_funnel.py tests/verify/test_runtime_audit.py tests/verify/test_sandbox.py tests/verify/test_triton_cache.py tests/generation/test_decoding.py -p no:cacheprovider
 }
 
 run_gpu_suites() {  # run_gpu_suites ISOLATION (auto: bubblewrap, or process): the adversarial and correct suites on CUDA
   local isolation=$1
   step "gpu_suites_$isolation" 540 env KERNEL_RL_TEST_DEVICE=cuda KERNEL_RL_TEST_ISOLATION="$isolation" KERNELBENCH_JSONL="$KERNELBENCH" \
-    "$PY" -m pytest -q tests/test_kernelbench_solutions.py tests/test_adversarial.py -p no:cacheprovider
+    "$PY" -m pytest -q tests/verify/test_kernelbench_solutions.py tests/verify/test_adversarial.py -p no:cacheprovider
 }
 
 run_gpu_tests() {
