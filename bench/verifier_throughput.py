@@ -217,7 +217,7 @@ def build_batch(problems: dict[int, str], copies: int) -> list[tuple[str, str, s
 _FIXTURE_HEADER = re.compile(r"^#\s*kernelbench:\s*level=(\d+)\s+problem_id=(\d+)\s", re.M)
 
 
-def fixture_batch(kernelbench: str, config, device: str) -> list[tuple[str, str, str]]:
+def fixture_batch(kernelbench: str) -> list[tuple[str, str, str]]:
     """Evaluation-like: every correct KernelBench solution among the test fixtures and every wrong
     kernel written for one of those problems (many problems, one or few correct answers each)."""
     folder = PROJECT_ROOT / "tests" / "fixtures" / "candidates"
@@ -235,7 +235,7 @@ def fixture_batch(kernelbench: str, config, device: str) -> list[tuple[str, str,
             row = json.loads(line)
             key = (row.get("level"), row.get("problem_id"))
             if key in wanted:
-                problems[key] = shrunk_source(row["code"], config, device)
+                problems[key] = row["code"]
     return [(label, problems[key], text) for label, key, text in files if key in problems]
 
 
@@ -409,15 +409,18 @@ def main() -> None:
         unknown = sorted(set(ids) - set(ELEMENTWISE))
         if unknown:
             parser.error(f"no candidates written for problems {unknown}; choose among {sorted(ELEMENTWISE)}")
-        problems = {pid: shrunk_source(code, config, args.device)
-                    for pid, code in load_problems(args.kernelbench, ids).items()}
+        problems = load_problems(args.kernelbench, ids)
         batch = build_batch(problems, args.copies)
     elif args.shape == "fixtures":
-        batch = fixture_batch(args.kernelbench, config, args.device)
+        batch = fixture_batch(args.kernelbench)
     else:
         batch = pair_batch(args.pairs)
     if args.limit and len(batch) > args.limit:
         batch = random.Random(0).sample(batch, args.limit)
+    # The verifier gets each problem as written (it shrinks it itself, and its wide set grows from
+    # the problem's own sizes); the baseline gets the sizes the verifier's base set uses.
+    shrunk = {problem: shrunk_source(problem, config, args.device) for problem in {p for _, p, _ in batch}}
+    baseline_batch = [(label, shrunk[problem], text) for label, problem, text in batch]
     default_slots = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
     slot_counts = [int(n) for n in args.slots.split(",") if n.strip()] or [default_slots]
     baseline_at = {int(n) for n in args.baseline_slots.split(",") if n.strip()} or {max(slot_counts)}
@@ -468,7 +471,7 @@ def main() -> None:
                   file=sys.stderr, flush=True)
         if not args.skip_baseline and slots in baseline_at:
             started = time.monotonic()
-            verdicts = run_baseline(batch, args.device, slots, config.timeout_s)
+            verdicts = run_baseline(baseline_batch, args.device, slots, config.timeout_s)
             baseline_s = time.monotonic() - started
             correct = sum(1 for v in verdicts if v.get("correct"))
             slot_rows.append({

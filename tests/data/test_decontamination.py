@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from extensions.data.kernelbook import normalise_row
+from project_paths import PROJECT_ROOT
 from extensions.data.operator_graph import ComputationIndex, SignatureTracer, trace_signature
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
@@ -150,7 +150,7 @@ def test_data_stage_drops_a_respelled_eval_problem_and_counts_it(tmp_path, kerne
             _kernelbook_row("gelu-erf", GELU_ERF),
             _kernelbook_row("softsign", program("return x / (1 + x.abs())"))]
     kernelbook.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml",
+    cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml",
                       [f"data.kernelbook={kernelbook}", f"data.kernelbench={kernelbench}", "data.kernelbench_levels=[1]",
                        "data.bundled_eval_tasks=false", "data.verify_pairs=false", "data.val_fraction=0.0",
                        "data.rl_fraction=0.0", "data.rl_task_ids=[]"])
