@@ -151,3 +151,13 @@ def test_no_reference_process_outlives_its_batch(tmp_path):
     assert results[0].stage == "compile" and results[1].stage == "compile"
     assert results[2].error.startswith("problem: reference failed")
     assert set(wait_gone(marker)) <= before
+
+
+def test_cuda_slots_scale_with_cores_within_two_to_eight_per_gpu():
+    from extensions.verify.api import default_cuda_slots
+
+    assert default_cuda_slots(1, 16) == 8  # one H100 machine: one slot per two cores
+    assert default_cuda_slots(1, 64) == 8  # never more than eight per GPU
+    assert default_cuda_slots(1, 2) == 2  # never fewer than two per GPU
+    assert default_cuda_slots(8, 96) == 48
+    assert default_cuda_slots(8, 256) == 64
