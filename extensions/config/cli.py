@@ -12,7 +12,7 @@ import dataclasses
 import sys
 from typing import Any, Iterable
 
-from .loader import ConfigError
+from .errors import ConfigError
 
 
 def parse_flags(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
@@ -59,7 +59,8 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
     ``machine_default`` (the pipeline's stage scripts), else configs/default.yaml (tools such as the
     verifier CLI, whose checks must not depend on the machine they run on).
     """
-    from . import DEFAULT_CONFIG, SMOKE_CONFIG, default_config, load_config
+    from .loader import load_config
+    from .machine import DEFAULT_CONFIG, SMOKE_CONFIG, default_config
 
     if args.config and args.smoke:
         raise ConfigError("give --config or --smoke, not both")
