@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from ..runtime.interrupt import SaveSignal
 from ..runtime.paths import RunPaths
@@ -21,12 +21,16 @@ from ..runtime.run_files import RunFiles
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
 
-if TYPE_CHECKING:  # the plan comes from the pipeline package, which calls these actions
-    from ..pipeline.runner import ResumePlan
-
 log = logging.getLogger(__name__)
 
 BUCKET_ENV = "KERNEL_RL_BUCKET"
+
+
+class DescribedPlan(Protocol):
+    """What the dry run needs of a resume plan. The plan itself belongs to the pipeline package,
+    a layer above this one, which passes it in."""
+
+    def describe(self) -> str: ...
 
 
 def configure_logging(tag: str) -> None:
@@ -110,7 +114,7 @@ def list_checkpoints(cfg, location: S3Location) -> int:
 
 
 @reporting_s3_failures
-def dry_run(cfg, paths: RunPaths, location: S3Location, make_plan: Callable[[RunFiles], ResumePlan]) -> int:
+def dry_run(cfg, paths: RunPaths, location: S3Location, make_plan: Callable[[RunFiles], DescribedPlan]) -> int:
     """Print the run's checkpoints in S3 and the plan the run will follow once it is restored from
     there (``make_plan`` given the run as the restore will leave it); downloads and writes nothing."""
     from .restore import Restorer, format_checkpoint_table
