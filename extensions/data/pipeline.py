@@ -40,7 +40,7 @@ from ..prompting.templates import format_completion
 from ..runtime.io import atomic_write_json, atomic_write_jsonl
 from ..runtime.paths import retrieval_index_dir
 from ..runtime.run_files import LOCAL_FILES, RunFiles
-from ..verify.problem_constants import find_size_constants
+from ..verify.common.problem_constants import find_size_constants
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
