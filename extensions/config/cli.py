@@ -13,6 +13,7 @@ import sys
 from typing import Any, Iterable
 
 from .errors import ConfigError
+from .sections import PipelineConfig
 
 
 def parse_flags(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
@@ -79,7 +80,7 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
     return cfg
 
 
-def config_yaml(cfg) -> str:
+def config_yaml(cfg: PipelineConfig) -> str:
     """The full resolved config as YAML, loadable again with ``--config``."""
     import yaml
 
@@ -101,7 +102,7 @@ def _changed(section: Any, defaults: Any, prefix: str = "") -> list[str]:
     return items
 
 
-def compact_config_lines(cfg) -> list[str]:
+def compact_config_lines(cfg: PipelineConfig) -> list[str]:
     """One line per section with the values that differ from the built-in defaults."""
     lines = []
     for f in dataclasses.fields(cfg):
@@ -113,7 +114,7 @@ def compact_config_lines(cfg) -> list[str]:
     return lines
 
 
-def announce_config(cfg, prog: str, stream=None) -> None:
+def announce_config(cfg: PipelineConfig, prog: str, stream=None) -> None:
     """Print which config this run uses and how it differs from the defaults (stderr by default)."""
     from .fingerprint import config_fingerprint
 
