@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from extensions.cloud import actions
-from extensions.config import add_config_args, parse_flags
+from extensions.config import PipelineConfig, add_config_args, parse_flags
 from extensions.runtime.entry_point import EXIT_USAGE, run_entry_point, start_config
 from extensions.runtime.paths import RunPaths
 from extensions.runtime.run_lock import lock_run
@@ -69,7 +69,7 @@ def manage(argv=None) -> int:
     return actions.watch(cfg, paths, location, exit_with_parent=args.exit_with_parent)
 
 
-def report_stale_results(paths: RunPaths, cfg) -> None:
+def report_stale_results(paths: RunPaths, cfg: PipelineConfig) -> None:
     """Say at once when what was restored was made with other settings than this command's."""
     for stage in ("sft", "rl"):
         freshness = stage_freshness(paths, cfg, stage)

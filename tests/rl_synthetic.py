@@ -35,13 +35,13 @@ def vowel_reward(candidate) -> float:
 def judge_nothing(items):
     from extensions.verify.result import VerifyResult
 
-    return [VerifyResult(candidate=label) for _code, _text, label in items]
+    return [VerifyResult(candidate=request.label) for request in items]
 
 
 def judge_all_correct(items):
     from extensions.verify.result import VerifyResult
 
-    return [VerifyResult(candidate=label, correct=True, stage="full", reward=1.0) for _code, _text, label in items]
+    return [VerifyResult(candidate=request.label, correct=True, stage="full", reward=1.0) for request in items]
 
 
 def record_calls(path: Path, judge):
@@ -53,8 +53,8 @@ def record_calls(path: Path, judge):
             handle.write(json.dumps(entry) + "\n")
 
     def judging(items):
-        for _code, _text, label in items:
-            _round, task_id, sample, *turn = label.split("/")
+        for request in items:
+            _round, task_id, sample, *turn = request.label.split("/")
             write({"call": "judge", "key": [task_id, int(sample), *(int(t.removeprefix("turn")) for t in turn)]})
         return judge(items)
 

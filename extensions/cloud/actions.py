@@ -13,20 +13,25 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional, Protocol
 
+from ..config.sections import PipelineConfig
 from ..runtime.interrupt import SaveSignal
 from ..runtime.paths import RunPaths
 from ..runtime.run_files import RunFiles
 from .failures import describe, endpoint_of, is_s3_failure
 from .location import S3Location, location_from_config, make_s3_client
 
-if TYPE_CHECKING:  # the plan comes from the pipeline package, which calls these actions
-    from ..pipeline.runner import ResumePlan
-
 log = logging.getLogger(__name__)
 
 BUCKET_ENV = "KERNEL_RL_BUCKET"
+
+
+class DescribedPlan(Protocol):
+    """What the dry run needs of a resume plan. The plan itself belongs to the pipeline package,
+    a layer above this one, which passes it in."""
+
+    def describe(self) -> str: ...
 
 
 def configure_logging(tag: str) -> None:
@@ -36,7 +41,7 @@ def configure_logging(tag: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def resolve_location(cfg, bucket: Optional[str], prefix: Optional[str], run_id: Optional[str]) -> Optional[S3Location]:
+def resolve_location(cfg: PipelineConfig, bucket: Optional[str], prefix: Optional[str], run_id: Optional[str]) -> Optional[S3Location]:
     """The run's S3 location, or None when no bucket is given anywhere (flag, config, environment)."""
     bucket = bucket or cfg.checkpoint.bucket or os.environ.get(BUCKET_ENV) or None
     if not bucket:
@@ -49,7 +54,7 @@ def reporting_s3_failures(action: Callable[..., int]) -> Callable[..., int]:
     cause) and exit status 1, instead of botocore's traceback; other errors pass through."""
 
     @functools.wraps(action)
-    def run(cfg, *args, **kwargs) -> int:
+    def run(cfg: PipelineConfig, *args, **kwargs) -> int:
         try:
             return action(cfg, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - only S3 failures are caught, see below
@@ -66,7 +71,7 @@ def reporting_s3_failures(action: Callable[..., int]) -> Callable[..., int]:
 
 
 @reporting_s3_failures
-def setup(cfg, location: S3Location) -> int:
+def setup(cfg: PipelineConfig, location: S3Location) -> int:
     from .bucket_setup import setup_bucket
 
     client = make_s3_client(cfg.checkpoint)
@@ -77,7 +82,7 @@ def setup(cfg, location: S3Location) -> int:
 
 
 @reporting_s3_failures
-def sync(cfg, paths: RunPaths, location: S3Location) -> int:
+def sync(cfg: PipelineConfig, paths: RunPaths, location: S3Location) -> int:
     from .s3_sync import CheckpointManager
 
     report = CheckpointManager(cfg.checkpoint, paths, location, progress=sys.stderr.isatty()).sync_once()
@@ -86,7 +91,7 @@ def sync(cfg, paths: RunPaths, location: S3Location) -> int:
 
 
 @reporting_s3_failures
-def restore(cfg, paths: RunPaths, location: S3Location) -> int:
+def restore(cfg: PipelineConfig, paths: RunPaths, location: S3Location) -> int:
     from .restore import Restorer
 
     report = Restorer(cfg.checkpoint, paths, location, progress=sys.stderr.isatty()).restore()
@@ -99,7 +104,7 @@ def restore(cfg, paths: RunPaths, location: S3Location) -> int:
 
 
 @reporting_s3_failures
-def list_checkpoints(cfg, location: S3Location) -> int:
+def list_checkpoints(cfg: PipelineConfig, location: S3Location) -> int:
     from .restore import Restorer, format_checkpoint_table
 
     restorer = Restorer(cfg.checkpoint, RunPaths(Path(".").resolve()), location)
@@ -110,7 +115,7 @@ def list_checkpoints(cfg, location: S3Location) -> int:
 
 
 @reporting_s3_failures
-def dry_run(cfg, paths: RunPaths, location: S3Location, make_plan: Callable[[RunFiles], ResumePlan]) -> int:
+def dry_run(cfg: PipelineConfig, paths: RunPaths, location: S3Location, make_plan: Callable[[RunFiles], DescribedPlan]) -> int:
     """Print the run's checkpoints in S3 and the plan the run will follow once it is restored from
     there (``make_plan`` given the run as the restore will leave it); downloads and writes nothing."""
     from .restore import Restorer, format_checkpoint_table
@@ -122,7 +127,7 @@ def dry_run(cfg, paths: RunPaths, location: S3Location, make_plan: Callable[[Run
     return 0
 
 
-def watch(cfg, paths: RunPaths, location: Optional[S3Location], exit_with_parent: bool = False) -> int:
+def watch(cfg: PipelineConfig, paths: RunPaths, location: Optional[S3Location], exit_with_parent: bool = False) -> int:
     """Sync every sync_interval_s and watch for spot notices until SIGINT (stop, final sync) or
     SIGTERM (the machine is going down: save request unless a notice was already handled, then an
     emergency sync). With ``exit_with_parent`` it also stops (final sync) once the process that

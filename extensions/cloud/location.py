@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..config.sections import PipelineConfig
+
 
 @dataclass(frozen=True)
 class S3Location:
@@ -41,7 +43,7 @@ class S3Location:
         return f"s3://{self.bucket}/{self.root_key}"
 
 
-def location_from_config(cfg, bucket: Optional[str] = None, prefix: Optional[str] = None,
+def location_from_config(cfg: PipelineConfig, bucket: Optional[str] = None, prefix: Optional[str] = None,
                          run_id: Optional[str] = None) -> S3Location:
     """Command-line values win over the config's ``checkpoint`` and ``run`` sections."""
     return S3Location(

@@ -12,7 +12,8 @@ import dataclasses
 import sys
 from typing import Any, Iterable
 
-from .loader import ConfigError
+from .errors import ConfigError
+from .sections import PipelineConfig
 
 
 def parse_flags(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
@@ -59,7 +60,8 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
     ``machine_default`` (the pipeline's stage scripts), else configs/default.yaml (tools such as the
     verifier CLI, whose checks must not depend on the machine they run on).
     """
-    from . import DEFAULT_CONFIG, SMOKE_CONFIG, default_config, load_config
+    from .loader import load_config
+    from .machine import DEFAULT_CONFIG, SMOKE_CONFIG, default_config
 
     if args.config and args.smoke:
         raise ConfigError("give --config or --smoke, not both")
@@ -78,7 +80,7 @@ def config_from_args(args: argparse.Namespace, extra_overrides: Iterable[str] = 
     return cfg
 
 
-def config_yaml(cfg) -> str:
+def config_yaml(cfg: PipelineConfig) -> str:
     """The full resolved config as YAML, loadable again with ``--config``."""
     import yaml
 
@@ -100,7 +102,7 @@ def _changed(section: Any, defaults: Any, prefix: str = "") -> list[str]:
     return items
 
 
-def compact_config_lines(cfg) -> list[str]:
+def compact_config_lines(cfg: PipelineConfig) -> list[str]:
     """One line per section with the values that differ from the built-in defaults."""
     lines = []
     for f in dataclasses.fields(cfg):
@@ -112,7 +114,7 @@ def compact_config_lines(cfg) -> list[str]:
     return lines
 
 
-def announce_config(cfg, prog: str, stream=None) -> None:
+def announce_config(cfg: PipelineConfig, prog: str, stream=None) -> None:
     """Print which config this run uses and how it differs from the defaults (stderr by default)."""
     from .fingerprint import config_fingerprint
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable, Optional
 
-from .loader import ConfigError
+from .errors import ConfigError
 from .sections import DEPRECATED_KEYS, MOVED_SECTIONS
 
 

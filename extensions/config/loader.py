@@ -3,7 +3,8 @@
 Every section of the pipeline config is a dataclass. ``build`` turns a plain mapping (read from
 YAML) into that dataclass, checking every key and coercing every value to the annotated type, so a
 typo in a YAML file or a ``--set`` override fails at start-up with the full dotted name instead of
-being ignored for an eight-hour run.
+being ignored for an eight-hour run. ``load_config`` reads a whole config file that way, then
+applies the command line's overrides.
 """
 from __future__ import annotations
 
@@ -12,19 +13,17 @@ import difflib
 import re
 import types
 import typing
-from typing import Any, Literal, Union
+from pathlib import Path
+from typing import Any, Iterable, Literal, Union
+
+from .deprecated import translate_file, translate_override
+from .errors import ConfigError, ConfigHelpRequested
+from .machine import DEFAULT_CONFIG
+from .sections import PipelineConfig
 
 # YAML 1.2 (core schema) floats: unlike PyYAML's YAML 1.1 resolver, the mantissa needs no dot and
 # the exponent sign is optional, so `1e-4` and `5E3` are numbers as in every other YAML/JSON tool.
 YAML12_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$")
-
-
-class ConfigError(ValueError):
-    """A config file or override that does not match the typed config."""
-
-
-class ConfigHelpRequested(Exception):
-    """``--set SECTION.help``: not an error; ``str(exc)`` is the text to print."""
 
 
 def _yaml_loader():
@@ -213,8 +212,6 @@ def _dotted_keys(cls: type, prefix: str = "") -> list[str]:
 
 def _root_of(cls: type) -> type:
     """The top-level config class, so a near miss in one section can point at a key in another."""
-    from . import PipelineConfig
-
     return PipelineConfig if cls in _section_classes(PipelineConfig) else cls
 
 
@@ -263,3 +260,42 @@ def describe_section(section: Any, where: str) -> str:
         else:
             lines.append(f"  {name}: {_type_name(hints[name])} = {value!r}")
     return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> PipelineConfig:
+    """Read ``path`` (default: configs/default.yaml) and apply ``section.key=value`` overrides."""
+    import yaml
+
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{line}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    for reserved in ("source", "source_reason"):
+        if reserved in data:
+            raise ConfigError(f"{path}: '{reserved}' is set by the loader, not by the file")
+    try:
+        cfg = build(PipelineConfig, translate_file(data))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    cfg.source = str(path)
+    for assignment in overrides:
+        for current in translate_override(assignment):
+            override(cfg, current)
+    check_sections(cfg)
+    return cfg
+
+
+def check_sections(cfg: PipelineConfig) -> None:
+    """Each section's checks across its keys (``check``), once the file and the overrides are in."""
+    for f in dataclasses.fields(cfg):
+        check = getattr(getattr(cfg, f.name), "check", None)
+        if callable(check):
+            check(f.name)
+

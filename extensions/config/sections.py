@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Union
 
-from .loader import ConfigError
+from .errors import ConfigError
 
 # A model repository on the Hugging Face hub: owner/name, each part as the hub allows it.
 HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -383,3 +383,25 @@ class LoggingConfig:
         if self.histogram_every < 0:
             raise ConfigError(f"{where}.histogram_every: {self.histogram_every} is below 0 "
                               "(0 turns the histograms off, N logs them every N rounds)")
+
+
+@dataclass
+class PipelineConfig:
+    """The whole config: one field per YAML section."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # The file this config came from, so checkpoints can name it in meta.json, and why that file
+    # was taken when the command line named none (see extensions.config.machine).
+    source: Optional[str] = None
+    source_reason: Optional[str] = None
+

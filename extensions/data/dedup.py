@@ -25,7 +25,7 @@ from typing import Hashable, Optional
 
 import numpy as np
 
-from ..verify.extract import drop_docstrings
+from ..verify.static.extract import drop_docstrings
 
 SHINGLE_TOKENS = 5
 _BOILERPLATE_FUNCTIONS = frozenset({"get_inputs", "get_init_inputs"})

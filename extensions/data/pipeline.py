@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..config.sections import DataConfig, PipelineConfig, PromptConfig
 from ..prompting.builder import PromptBuilder
 from ..prompting.templates import format_completion
 from ..runtime.io import atomic_write_json, atomic_write_jsonl
 from ..runtime.paths import retrieval_index_dir
 from ..runtime.run_files import LOCAL_FILES, RunFiles
-from ..verify.problem_constants import find_size_constants
+from ..verify.common.problem_constants import find_size_constants
 from . import rejections as R
 from .bundled import bundled_eval_tasks, bundled_fingerprint
 from .dedup import SimilarityIndex, code_shingles, exact_key
@@ -88,7 +89,7 @@ def _code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def input_fingerprint(data_cfg, prompt_cfg=None) -> dict[str, Any]:
+def input_fingerprint(data_cfg: DataConfig, prompt_cfg: Optional[PromptConfig] = None) -> dict[str, Any]:
     """Everything the outputs depend on: source identities, the data and prompt config, the code."""
     return {
         "prompt": dataclasses.asdict(prompt_cfg) if prompt_cfg is not None else None,
@@ -230,7 +231,7 @@ def drop_same_computation(kept: list[_KeptPair], eval_tasks: list[EvalTask], tal
     }
 
 
-def verify_kept_pairs(kept: list[_KeptPair], cfg, tally: SourceTally,
+def verify_kept_pairs(kept: list[_KeptPair], cfg: PipelineConfig, tally: SourceTally,
                       progress: bool) -> tuple[list[_KeptPair], dict[str, Any]]:
     """Judge every kept pair with the reward's verifier; the rejected ones are dropped and counted."""
     if not cfg.data.verify_pairs:
@@ -256,7 +257,7 @@ def pair_id(uuid: str) -> str:
     return f"kb_{uuid}"
 
 
-def prepare(cfg, out_dir: Path, *, force: bool = False, max_samples: Optional[int] = None,
+def prepare(cfg: PipelineConfig, out_dir: Path, *, force: bool = False, max_samples: Optional[int] = None,
             progress: bool = True) -> PrepareOutcome:
     """Run data preparation for ``cfg`` (a PipelineConfig) into ``out_dir``."""
     data_cfg = cfg.data

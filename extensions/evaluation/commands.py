@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..config.sections import EvalConfig, PipelineConfig
 from ..data.retrieval import ExampleRetriever, RetrievalUnavailable
 from ..prompting.builder import PromptBuilder
 from ..runtime.activity import rl_activity
@@ -80,7 +81,7 @@ class OutputFiles:
         return self._place(self.paths.compare_png)
 
 
-def output_files(cfg, output_dir: Optional[str]) -> OutputFiles:
+def output_files(cfg: PipelineConfig, output_dir: Optional[str]) -> OutputFiles:
     return OutputFiles(RunPaths.from_config(cfg), Path(output_dir).expanduser().resolve() if output_dir else None)
 
 
@@ -109,10 +110,10 @@ def missing_model_reason(model_path: str, *, must_be_local: bool) -> Optional[st
     return f"checkpoint not found: {path}"
 
 
-def select_tasks(args, cfg, paths: RunPaths) -> tuple[Path, list[EvalTask], list[str]]:
+def select_tasks(args, eval_cfg: EvalConfig, paths: RunPaths) -> tuple[Path, list[EvalTask], list[str]]:
     tasks_file = Path(args.tasks) if args.tasks else paths.eval_tasks
-    levels = [args.level] if args.level is not None else list(cfg.eval.levels)
-    num_tasks = args.num_tasks if args.num_tasks is not None else cfg.eval.num_tasks
+    levels = [args.level] if args.level is not None else list(eval_cfg.levels)
+    num_tasks = args.num_tasks if args.num_tasks is not None else eval_cfg.num_tasks
     tasks, issues = load_tasks(tasks_file, levels, num_tasks)
     return tasks_file, tasks, issues
 
@@ -155,7 +156,7 @@ def summarize(report: dict[str, Any], report_path: Path, log=print) -> None:
     log(f"report: {report_path}")
 
 
-def prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
+def prompt_builder(cfg: PipelineConfig, paths: RunPaths) -> PromptBuilder:
     """The prompts of ``prompt.mode`` (raicl reads the run's retrieval index); a missing index or
     backend is a usage error, found before any model is loaded."""
     try:
@@ -165,7 +166,7 @@ def prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
         raise UsageError(f"{exc}; or evaluate with plain prompts: --set prompt.mode=plain") from None
 
 
-def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
+def evaluate_model(cfg: PipelineConfig, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
                    task_issues: Sequence[str], outputs: OutputFiles, settings: EvalSettings,
                    device: Optional[str], progress: bool = True, turns: int = 1,
                    prompts: Optional[PromptBuilder] = None) -> tuple[dict, Path]:
@@ -203,7 +204,7 @@ def evaluate_model(cfg, *, name: str, model_path: str, tasks: list[EvalTask], ta
     return report, report_path
 
 
-def evaluate_model_turns(cfg, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
+def evaluate_model_turns(cfg: PipelineConfig, *, name: str, model_path: str, tasks: list[EvalTask], tasks_file: Path,
                          task_issues: Sequence[str], outputs: OutputFiles, settings: EvalSettings,
                          device: Optional[str], progress: bool, turns: int, prompts) -> tuple[dict, Path]:
     """Multi-turn evaluation of one model: trajectories, per-turn report and per-turn plot."""
@@ -245,16 +246,16 @@ def _remove_if_header_only(generations_path: Path) -> None:
         generations_path.unlink(missing_ok=True)
 
 
-def run_single_model(args, cfg) -> int:
+def run_single_model(args, cfg: PipelineConfig) -> int:
     outputs = output_files(cfg, args.output_dir)
     name = args.name or report_name(args.model_path)
     reason = missing_model_reason(args.model_path, must_be_local=False)
     if reason:
         print(f"error: model skipped: {reason}", file=sys.stderr)
         return EXIT_SKIPPED
-    tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
+    tasks_file, tasks, issues = select_tasks(args, cfg.eval, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
-    turns, prompts = turns_requested(args, cfg), prompt_builder(cfg, outputs.paths)
+    turns, prompts = turns_requested(args, cfg.eval), prompt_builder(cfg, outputs.paths)
     try:
         report, path = evaluate_model(cfg, name=name, model_path=args.model_path, tasks=tasks, tasks_file=tasks_file,
                                       task_issues=issues, outputs=outputs, settings=settings, device=args.device,
@@ -272,7 +273,7 @@ def run_single_model(args, cfg) -> int:
     return EXIT_OK if report["complete"] and export_complete else EXIT_SKIPPED
 
 
-def run_from_generations(args, cfg) -> int:
+def run_from_generations(args, cfg: PipelineConfig) -> int:
     if not args.name:
         raise UsageError("--from_generations needs --name NAME (the report is written to eval_NAME.json)")
     outputs = output_files(cfg, args.output_dir)
@@ -310,7 +311,7 @@ def export_generations(args, generations: GenerationsFile, tasks: Sequence[EvalT
     return not summary.skipped
 
 
-def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, bool]]:
+def compared_model_paths(args, cfg: PipelineConfig, paths: RunPaths) -> list[tuple[str, str, bool]]:
     """(name, path, must_be_local) for base, SFT final and RL final, flags overriding RunPaths."""
     return [
         ("base", args.base or cfg.model.name_or_path, False),  # may be a hub id
@@ -319,7 +320,7 @@ def compared_model_paths(args, cfg, paths: RunPaths) -> list[tuple[str, str, boo
     ]
 
 
-def comparison_inputs(cfg, paths: RunPaths, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
+def comparison_inputs(cfg: PipelineConfig, paths: RunPaths, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
     """What the default comparison of a run depends on (eval settings, tasks, the three models by
     content); compare.json records it so the pipeline redoes a comparison made of other inputs."""
     from ..config.fingerprint import stage_fingerprint
@@ -337,11 +338,11 @@ def _default_comparison(args) -> bool:
                     args.level is not None, args.samples_per_task is not None))
 
 
-def run_compare(args, cfg) -> int:
+def run_compare(args, cfg: PipelineConfig) -> int:
     outputs = output_files(cfg, args.output_dir)
-    tasks_file, tasks, issues = select_tasks(args, cfg, outputs.paths)
+    tasks_file, tasks, issues = select_tasks(args, cfg.eval, outputs.paths)
     settings = EvalSettings.from_config(cfg.eval, args.samples_per_task)
-    turns = turns_requested(args, cfg)
+    turns = turns_requested(args, cfg.eval)
     prompt_builder(cfg, outputs.paths)  # a missing retrieval index stops here, before any model loads
     reports: dict[str, dict] = {}
     skipped: list[dict] = []
@@ -374,8 +375,8 @@ def run_compare(args, cfg) -> int:
     return EXIT_SKIPPED if incomplete else EXIT_OK
 
 
-def turns_requested(args, cfg) -> int:
-    turns = args.turns if getattr(args, "turns", None) is not None else cfg.eval.turns
+def turns_requested(args, eval_cfg: EvalConfig) -> int:
+    turns = args.turns if getattr(args, "turns", None) is not None else eval_cfg.turns
     if turns < 1:
         raise UsageError(f"--turns (eval.turns) must be at least 1, got {turns}")
     return turns

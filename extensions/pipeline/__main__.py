@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import add_config_args, parse_flags
+from ..config import PipelineConfig, add_config_args, parse_flags
 from ..runtime.entry_point import run_entry_point, start_config
 from ..runtime.paths import RunPaths
 from ..runtime.run_lock import lock_run
@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parse_flags(parser, argv)
 
 
-def s3_uri(cfg, args) -> str | None:
+def s3_uri(cfg: PipelineConfig, args) -> str | None:
     from ..cloud.actions import resolve_location
 
     location = resolve_location(cfg, args.bucket, args.prefix, args.run_id)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config.sections import PipelineConfig
 from ..runtime.freshness import Freshness, StaleResultError, stage_freshness
 from ..runtime.paths import RunPaths
 from ..runtime.run_files import LOCAL_FILES, NotKnownBeforeRestore, RunFiles
@@ -56,7 +57,7 @@ class RunState:
         return self.next_stage is None
 
 
-def _prepare_up_to_date(paths: RunPaths, cfg, files: RunFiles) -> bool:
+def _prepare_up_to_date(paths: RunPaths, cfg: PipelineConfig, files: RunFiles) -> bool:
     from ..data.pipeline import input_fingerprint, is_up_to_date
     from ..data.sources import SourceError
 
@@ -66,7 +67,7 @@ def _prepare_up_to_date(paths: RunPaths, cfg, files: RunFiles) -> bool:
         return False  # a source that cannot be read: prepare runs and reports why
 
 
-def _comparison_current(paths: RunPaths, cfg, files: RunFiles) -> bool:
+def _comparison_current(paths: RunPaths, cfg: PipelineConfig, files: RunFiles) -> bool:
     from ..evaluation.commands import comparison_inputs
 
     try:
@@ -86,7 +87,7 @@ def _judged(state: RunState, stage: str, check) -> bool:
         return True
 
 
-def read_run_state(paths: RunPaths, cfg=None, force: bool = False, files: RunFiles = LOCAL_FILES) -> RunState:
+def read_run_state(paths: RunPaths, cfg: Optional[PipelineConfig] = None, force: bool = False, files: RunFiles = LOCAL_FILES) -> RunState:
     """Stage status from the files; with ``cfg``, results made with other settings are not done.
 
     A stale training stage raises StaleResultError (the message names what differs), unless
@@ -110,7 +111,7 @@ def read_run_state(paths: RunPaths, cfg=None, force: bool = False, files: RunFil
     return state
 
 
-def _judge_against_config(state: RunState, paths: RunPaths, cfg, force: bool, files: RunFiles) -> None:
+def _judge_against_config(state: RunState, paths: RunPaths, cfg: PipelineConfig, force: bool, files: RunFiles) -> None:
     state.prepared = state.prepared and _judged(state, "prepare", lambda: _prepare_up_to_date(paths, cfg, files))
     for stage in ("sft", "rl"):
         if not state.prepared and stage == "sft":
@@ -137,7 +138,8 @@ def _judge_against_config(state: RunState, paths: RunPaths, cfg, force: bool, fi
         state, "eval", lambda: _comparison_current(paths, cfg, files))
 
 
-def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None, cfg=None) -> str:
+def shell_assignments(paths: RunPaths, state: RunState, s3_uri: Optional[str] = None,
+                     cfg: Optional[PipelineConfig] = None) -> str:
     """``NAME=value`` lines for ``eval`` in run_pipeline.sh: stage status and where things are."""
     values = {
         "CONFIG_FILE": (cfg.source or "") if cfg is not None else "",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config.sections import PipelineConfig
 from ..runtime.activity import rl_activity
 from ..runtime.freshness import StaleResultError
 from ..runtime.paths import RunPaths
@@ -95,7 +96,8 @@ def _index(checkpoint: Path, key: str, files: RunFiles):
     return value if value is not None else checkpoint.name
 
 
-def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str], cfg=None,
+def plan_resume(paths: RunPaths, python: str, scripts_dir: Path, config_args: list[str],
+                cfg: Optional[PipelineConfig] = None,
                 force: bool = False, files: RunFiles = LOCAL_FILES) -> ResumePlan:
     """The stages still to run and their commands; a stale stage stops the plan unless ``force``,
     which retrains it (``--force``) and everything after it. ``files``: the view of the run the plan
@@ -155,7 +157,7 @@ class PipelineRun:
     """One run of the remaining stages, as run_pipeline.sh starts it."""
 
     paths: RunPaths
-    cfg: object
+    cfg: PipelineConfig
     config_args: list[str]
     force: bool = False
     s3_uri: Optional[str] = None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..config.fingerprint import differences, stage_view
+from ..config.sections import PipelineConfig, RLConfig
 from . import checkpoints
 from . import io as run_io
 from .paths import RunPaths
@@ -38,17 +39,17 @@ def file_sha256(path: Path) -> Optional[str]:
     return run_io.file_sha256(path) if Path(path).is_file() else None
 
 
-def rl_start_adapter(paths: RunPaths, cfg) -> Optional[Path]:
+def rl_start_adapter(paths: RunPaths, rl: RLConfig) -> Optional[Path]:
     """The adapter RL starts from: ``sft/final`` unless ``rl.init`` is ``base`` (None)."""
-    return None if getattr(cfg.rl, "init", "sft") == "base" else paths.final("sft")
+    return None if getattr(rl, "init", "sft") == "base" else paths.final("sft")
 
 
-def stage_inputs(paths: RunPaths, cfg, stage: str, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
+def stage_inputs(paths: RunPaths, cfg: PipelineConfig, stage: str, files: RunFiles = LOCAL_FILES) -> dict[str, Any]:
     """Content hashes of what ``stage`` reads, as stored in meta.json's ``inputs``."""
     if stage == "sft":
         return {"sft_train.jsonl": files.sha256(paths.sft_train), "sft_val.jsonl": files.sha256(paths.sft_val)}
     if stage == "rl":
-        start = rl_start_adapter(paths, cfg)
+        start = rl_start_adapter(paths, cfg.rl)
         return {"rl_tasks.jsonl": files.sha256(paths.rl_tasks),
                 "start_adapter": "base" if start is None else files.adapter_hash(start)}
     raise ValueError(f"no inputs recorded for stage {stage!r}")
@@ -84,7 +85,7 @@ class Freshness:
         return "\n".join(lines)
 
 
-def checkpoint_changes(directory: Path, cfg, paths: RunPaths, stage: str, *, finished: bool = True,
+def checkpoint_changes(directory: Path, cfg: PipelineConfig, paths: RunPaths, stage: str, *, finished: bool = True,
                        files: RunFiles = LOCAL_FILES) -> list[str]:
     """What differs between the config and inputs recorded in ``directory`` and the current ones
     (``finished``: judged as the stage's result, else as a checkpoint to continue from)."""
@@ -105,7 +106,7 @@ def checkpoint_changes(directory: Path, cfg, paths: RunPaths, stage: str, *, fin
     return changes
 
 
-def stage_freshness(paths: RunPaths, cfg, stage: str, files: RunFiles = LOCAL_FILES) -> Freshness:
+def stage_freshness(paths: RunPaths, cfg: PipelineConfig, stage: str, files: RunFiles = LOCAL_FILES) -> Freshness:
     """Judge the stage's complete final/ (or, before it finished, its newest complete checkpoint)."""
     final = paths.final(stage)
     if files.is_complete(final):
@@ -118,16 +119,16 @@ def stage_freshness(paths: RunPaths, cfg, stage: str, files: RunFiles = LOCAL_FI
                      in_s3=files.from_s3(newest))
 
 
-def require_fresh(paths: RunPaths, cfg, stage: str, force_hint: str = "--force") -> Freshness:
+def require_fresh(paths: RunPaths, cfg: PipelineConfig, stage: str, force_hint: str = "--force") -> Freshness:
     freshness = stage_freshness(paths, cfg, stage)
     if freshness.stale:
         raise StaleResultError(freshness.message(force_hint))
     return freshness
 
 
-def require_rl_start(paths: RunPaths, cfg) -> None:
+def require_rl_start(paths: RunPaths, cfg: PipelineConfig) -> None:
     """RL continues its own checkpoints, or starts from a complete SFT adapter unless ``rl.init: base``."""
-    start = rl_start_adapter(paths, cfg)
+    start = rl_start_adapter(paths, cfg.rl)
     if start is None or checkpoints.newest_complete(paths.stage_dir("rl")) is not None \
             or checkpoints.is_complete(paths.final("rl")):
         return

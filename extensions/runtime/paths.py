@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.sections import PipelineConfig
+
 STAGES = ("sft", "rl")
 _SFT_STEP = re.compile(r"^checkpoint-(\d+)$")
 _RL_ROUND = re.compile(r"^round-(\d+)$")
@@ -26,7 +28,7 @@ class RunPaths:
     root: Path
 
     @classmethod
-    def from_config(cls, cfg) -> "RunPaths":
+    def from_config(cls, cfg: PipelineConfig) -> "RunPaths":
         return cls(Path(cfg.run.root).expanduser().resolve())
 
     @classmethod

@@ -21,11 +21,13 @@ import json
 import random
 from typing import Any, Optional, Sequence
 
+from ..config.sections import CurriculumConfig
+
 LEVELS = (1, 2, 3)
 
 
 class Curriculum:
-    def __init__(self, cfg, seed: int):
+    def __init__(self, cfg: CurriculumConfig, seed: int):
         self.cfg = cfg
         self.share_l2 = float(cfg.curriculum_start_p)
         self.share_l3 = 0.0

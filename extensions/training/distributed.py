@@ -7,7 +7,10 @@ is agreed by all ranks so none waits alone at a barrier.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:  # accelerate loads torch; the first Dist made imports it
+    from accelerate import Accelerator
 
 _ACCELERATOR = None
 
@@ -24,7 +27,7 @@ def _accelerator(mixed_precision: str):
 
 @dataclass
 class Dist:
-    accelerator: Any
+    accelerator: Accelerator
 
     @property
     def rank(self) -> int:

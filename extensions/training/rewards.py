@@ -20,10 +20,13 @@ import importlib
 import math
 import sys
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
-from ..config import ConfigError
+from ..config import ConfigError, RLConfig
 from ..verify.reward import is_cheating, reward_of
+
+if TYPE_CHECKING:  # rollouts loads the sampler; scoring needs only the candidate's fields
+    from .rollouts import Candidate
 
 PRESETS: dict[str, dict[str, float]] = {
     "format": {"none": 0.0, "extract": 0.2, "static": 0.4, "compile": 0.7, "tiny": 0.85, "full": 1.0,
@@ -35,10 +38,10 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 
 # Candidate -> reward; the stage's default is built from the config by ``make_score_fn``.
-ScoreFn = Callable[[object], float]
+ScoreFn = Callable[["Candidate"], float]
 
 
-def preset_weights(rl_cfg) -> Optional[dict[str, float]]:
+def preset_weights(rl_cfg: RLConfig) -> Optional[dict[str, float]]:
     """The table of the configured preset; None for the reward table itself (``verifier``, and its
     old name ``weights``), whose reward every verdict already carries."""
     if rl_cfg.reward_preset in ("verifier", "weights"):
@@ -51,11 +54,11 @@ def staged_reward(result: Optional[dict], weights: dict[str, float]) -> float:
     return reward_of(result, weights)
 
 
-def make_score_fn(rl_cfg) -> ScoreFn:
+def make_score_fn(rl_cfg: RLConfig) -> ScoreFn:
     """Candidate -> reward for the configured preset."""
     weights = preset_weights(rl_cfg)
 
-    def score(candidate) -> float:
+    def score(candidate: Candidate) -> float:
         if weights is None:
             return float(candidate.result.get("reward", 0.0)) if candidate.result else 0.0
         return staged_reward(candidate.result, weights)
@@ -89,7 +92,7 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def gated_user_rewards(fn: RewardFn, candidates: Sequence, problems: dict[str, str], score_fn: ScoreFn) -> list[float]:
+def gated_user_rewards(fn: RewardFn, candidates: Sequence[Candidate], problems: dict[str, str], score_fn: ScoreFn) -> list[float]:
     """The user's rewards for one round, gated by the verdicts: a cheating flag scores 0, and a
     candidate that is not correct scores at most its ``score_fn`` (preset) reward."""
     verdicts = [c.result or {} for c in candidates]

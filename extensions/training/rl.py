@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config.sections import PipelineConfig
 from ..data.retrieval import ExampleRetriever
 from ..generation.sampling import render_prompt_ids
 from ..models.loading import load_tokenizer
@@ -78,7 +79,7 @@ def read_rl_tasks(path: Path) -> tuple[list[dict], DropReport]:
 
 
 # -- the stage -------------------------------------------------------------------------------------------
-def _rl_settings(cfg) -> OptimSettings:
+def _rl_settings(cfg: PipelineConfig) -> OptimSettings:
     return OptimSettings(
         learning_rate=cfg.rl.learning_rate, per_device_batch_size=cfg.rl.per_device_batch_size,
         gradient_accumulation_steps=cfg.rl.gradient_accumulation_steps, max_seq_len=cfg.sft.max_seq_len,
@@ -96,7 +97,7 @@ def _policy_fingerprint(directory: Optional[Path], seed: int) -> str:
     return f"{directory.name}:{','.join(w for w in weights if w)}"
 
 
-def run_rl(cfg, *, save_signal=None, force: bool = False, progress: bool = True,
+def run_rl(cfg: PipelineConfig, *, save_signal=None, force: bool = False, progress: bool = True,
            verify_fn: Optional[VerifyFn] = None, score_fn: Optional[ScoreFn] = None) -> StageOutcome:
     """Run (or resume) the RL stage.
 
@@ -227,7 +228,7 @@ class RoundParts:
     history: list = field(default_factory=list)  # (round, reward mean, correct, judged, update steps) this run
 
 
-def _prompt_builder(cfg, paths: RunPaths) -> PromptBuilder:
+def _prompt_builder(cfg: PipelineConfig, paths: RunPaths) -> PromptBuilder:
     """prompt.mode's builder; raicl reads the retrieval index prepare_data.py built for the run."""
     return PromptBuilder.from_config(
         cfg.prompt, lambda: ExampleRetriever.open(paths.retrieval_index, cfg.data.retrieval_dense_model))

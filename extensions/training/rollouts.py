@@ -18,17 +18,23 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
+from ..config.sections import PipelineConfig, VerifierConfig
 from ..generation.sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
 from ..prompting.builder import PromptBuilder
+from ..runtime.interrupt import SaveSignal
 from ..runtime.paths import RunPaths
+from ..verify import VerifyRequest
 from ..verify.result import VerifyResult
 from .candidates import CandidateLog, sample_record, verdict_record
 from .distributed import Dist
 
-# (problem_code, candidate_text, label) triples in, one VerifyResult (or its dict) per triple out.
-VerifyFn = Callable[[list[tuple[str, str, str]]], list[Any]]
+if TYPE_CHECKING:  # transformers is heavy to import; the tokenizer comes in ready-made
+    from transformers import PreTrainedTokenizerBase
+
+# The verifier's own requests in, one verdict per request out, in order.
+VerifyFn = Callable[[list[VerifyRequest]], list[VerifyResult]]
 
 
 @dataclass
@@ -66,12 +72,12 @@ class Candidate:
 
 @dataclass
 class RoundContext:
-    cfg: Any
+    cfg: PipelineConfig
     paths: RunPaths
     dist: Dist
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     verify_fn: VerifyFn
-    save_signal: Any = None
+    save_signal: Optional[SaveSignal] = None
     progress: bool = True
     # prompt.mode's builder: RL samples from the prompts SFT trained on and evaluation asks with.
     prompts: PromptBuilder = field(default_factory=PromptBuilder)
@@ -99,19 +105,18 @@ def check_signal(ctx: RoundContext, served_by: Optional[Path]) -> None:
         raise StopRequested(ctx.save_signal.reason or "stop requested")
 
 
-def make_verify_fn(verifier_cfg, device: Optional[str], *, progress: bool = True) -> VerifyFn:
+def make_verify_fn(verifier_cfg: VerifierConfig, device: Optional[str], *, progress: bool = True) -> VerifyFn:
     """The project verifier as a ``VerifyFn`` (imported on first use)."""
 
-    def verify(items: list[tuple[str, str, str]]) -> list[Any]:
-        from ..verify import VerifyRequest, verify_batch
+    def verify(requests: list[VerifyRequest]) -> list[VerifyResult]:
+        from ..verify import verify_batch
 
-        requests = [VerifyRequest(problem_code=code, candidate_text=text, label=label) for code, text, label in items]
         return verify_batch(requests, verifier_cfg, device=device, progress=progress)
 
     return verify
 
 
-def result_dict(result: Any) -> dict:
+def result_dict(result: Union[VerifyResult, dict]) -> dict:
     if isinstance(result, VerifyResult):
         return result.to_dict()
     if isinstance(result, dict):
@@ -214,7 +219,8 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     chunk_size = max(1, rl.verify_chunk_size)
     for start in range(0, len(pending), chunk_size):
         chunk = pending[start:start + chunk_size]
-        items = [(code_of[tid], samples[(tid, i)], f"r{round_index}/{tid}/{i}") for tid, i in chunk]
+        items = [VerifyRequest(problem_code=code_of[tid], candidate_text=samples[(tid, i)], label=f"r{round_index}/{tid}/{i}")
+                 for tid, i in chunk]
         results = ctx.verify_fn(items)
         if len(results) != len(items):
             raise RuntimeError(f"verifier returned {len(results)} results for {len(items)} candidates")

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..config import CheckpointConfig
+from ..config import CheckpointConfig, PipelineConfig
 from ..models.loading import model_meta
 from ..runtime import checkpoints
 from ..runtime.freshness import stage_inputs
@@ -30,7 +30,7 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
     return {"path": str(path), "size": path.stat().st_size, "sha256": digest}
 
 
-def save_adapter_checkpoint(directory: Path, *, dist, model, cfg, stage: str, data: Any,
+def save_adapter_checkpoint(directory: Path, *, dist, model, cfg: PipelineConfig, stage: str, data: Any,
                             optimizer=None, scheduler=None, trainer_state: Optional[train_state.TrainerState] = None,
                             tokenizer=None, step: Optional[int] = None, round_index: Optional[int] = None,
                             write_extra: Optional[Callable[[Path], None]] = None,

@@ -13,6 +13,7 @@ import math
 import time
 from typing import Optional
 
+from ..config.sections import PipelineConfig
 from ..models.loading import load_tokenizer
 from ..runtime import checkpoints
 from ..runtime.paths import RunPaths
@@ -33,7 +34,7 @@ def _total_steps(sft_cfg, steps_per_epoch: int) -> int:
     return max(1, math.ceil(sft_cfg.num_epochs * steps_per_epoch))
 
 
-def run_sft(cfg, *, save_signal=None, force: bool = False, progress: bool = True) -> StageOutcome:
+def run_sft(cfg: PipelineConfig, *, save_signal=None, force: bool = False, progress: bool = True) -> StageOutcome:
     paths = RunPaths.from_config(cfg)
     final_dir = paths.final("sft")
     dist = make_dist(cfg.model)

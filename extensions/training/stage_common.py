@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..config.sections import PipelineConfig
 from ..models.loading import attach_lora, enable_gradient_checkpointing, load_adapter, load_base_model
 from ..runtime import checkpoints
 
@@ -39,7 +40,7 @@ def set_seed(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def prepare_trainable_model(cfg, dist, *, resume_from=None, gradient_checkpointing: bool = False):
+def prepare_trainable_model(cfg: PipelineConfig, dist, *, resume_from=None, gradient_checkpointing: bool = False):
     """Base model with a LoRA adapter: loaded (trainable) from ``resume_from`` or freshly attached."""
     device = None if cfg.model.device_map else str(dist.device)
     model = load_base_model(cfg.model, device=device, for_training=True)

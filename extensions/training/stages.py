@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from ..config.sections import PipelineConfig
 from ..runtime.freshness import require_fresh, require_rl_start
 from ..runtime.interrupt import SaveSignal
 from ..runtime.paths import RunPaths
@@ -20,7 +21,7 @@ from ..runtime.run_lock import is_secondary_rank
 EXIT_STOPPED = 75
 
 
-def run_stages(cfg, stage: str, *, force: bool = False, progress: bool = True, verify_fn=None) -> bool:
+def run_stages(cfg: PipelineConfig, stage: str, *, force: bool = False, progress: bool = True, verify_fn=None) -> bool:
     """Run ``sft``, ``rl`` or ``all``; True when a save-and-stop request ended the run early."""
     from .rl import run_rl
     from .sft import run_sft

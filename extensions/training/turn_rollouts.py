@@ -21,6 +21,7 @@ from typing import Sequence
 from ..generation.multiturn import Trajectory, Turn, discounted_returns, fit_prompt, live_trajectories, run_turns
 from ..generation.sampling import SamplingParams, render_prompt_ids
 from ..prompting.feedback import build_feedback
+from ..verify import VerifyRequest
 from ..verify.result import VerifyResult
 from . import rollouts
 from .candidates import CandidateLog, LogContents, turn_sample_record, verdict_record
@@ -168,7 +169,8 @@ class RoundTrajectories:
         chunk_size = max(1, self.rl.verify_chunk_size)
         for start in range(0, len(pending), chunk_size):
             chunk = pending[start:start + chunk_size]
-            items = [(code_of[f"{tid}#{i}"], self.sampled[(tid, i, turn)]["text"], f"r{self.round_index}/{tid}/{i}/turn{turn}")
+            items = [VerifyRequest(problem_code=code_of[f"{tid}#{i}"], candidate_text=self.sampled[(tid, i, turn)]["text"],
+                                   label=f"r{self.round_index}/{tid}/{i}/turn{turn}")
                      for tid, i, turn in chunk]
             results = self.ctx.verify_fn(items)
             if len(results) != len(items):

@@ -82,7 +82,8 @@ def judge_even_samples_correct(items):
     from extensions.verify.result import VerifyResult
 
     results = []
-    for _code, _text, label in items:
+    for request in items:
+        label = request.label
         sample = int(label.split("/")[2])
         correct = sample % 2 == 0
         results.append(VerifyResult(candidate=label, correct=correct, stage="timing" if correct else "compile",

@@ -73,7 +73,8 @@ def test_candidate_log_skips_a_torn_line_and_stale_verdicts(tmp_path):
 def fake_verify(items):
     """Deterministic rewards from the candidate text, so selection is reproducible."""
     results = []
-    for _code, text, label in items:
+    for request in items:
+        text, label = request.candidate_text, request.label
         bucket = int(hashlib.sha1(text.encode()).hexdigest(), 16) % 4
         reward = [0.0, 0.3, 0.5, 0.7][bucket]
         results.append(VerifyResult(candidate=label, correct=reward >= 0.5, reward=reward,
@@ -207,7 +208,10 @@ def test_real_verifier_judges_a_correct_triton_candidate():
 
     verify_fn = rl_module.make_verify_fn(VerifierConfig(device="cpu", multi_input_num_tests=2), "cpu", progress=False)
     good, bad = tiny_solution_code(0), "no code here"
-    results = verify_fn([(tiny_task_code(0), f"```python\n{good}\n```", "good"), (tiny_task_code(0), bad, "bad")])
+    from extensions.verify import VerifyRequest
+
+    results = verify_fn([VerifyRequest(tiny_task_code(0), f"```python\n{good}\n```", "good"),
+                         VerifyRequest(tiny_task_code(0), bad, "bad")])
     assert results[0].correct and results[0].reward >= 0.5
     assert not results[1].correct and results[1].reward == 0.0
 

@@ -159,7 +159,8 @@ class ScriptedVerifier:
 
     def __call__(self, items):
         results = []
-        for _code, _text, label in items:
+        for request in items:
+            label = request.label
             self.labels.append(label)
             if label.endswith("/0/turn2"):
                 results.append(VerifyResult(candidate=label, correct=True, stage="full", reward=1.0))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from ...verify.triton_api import TRITON_LANGUAGE_API
+from ...verify.static.triton_api import TRITON_LANGUAGE_API
 from .errors import CanonicalizeError
 
 HELPER_PREFIX = "_inductor_"

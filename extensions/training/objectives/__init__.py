@@ -6,6 +6,7 @@ gradient with group-relative, leave-one-out or running-baseline advantages) and 
 """
 from __future__ import annotations
 
+from ...config.sections import PipelineConfig
 from .base import Objective, RoundRollouts, UpdateContext
 
 ALGORITHMS = ("best_of_n", "grpo", "rloo", "reinforce", "reward_weighted")
@@ -32,7 +33,7 @@ def check_rl_settings(rl) -> None:
         raise ValueError("; ".join(problems))
 
 
-def make_objective(cfg) -> Objective:
+def make_objective(cfg: PipelineConfig) -> Objective:
     check_rl_settings(cfg.rl)
     algorithm = cfg.rl.algorithm
     if algorithm == "best_of_n":

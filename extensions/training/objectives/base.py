@@ -3,9 +3,16 @@ and its statistics out. The round loop (``extensions.training.rl``) is the same 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from ...config.sections import PipelineConfig
+from ..distributed import Dist
+from ..metrics import MetricsLogger
 from ..rollouts import Candidate
+from ..trainer import AdapterTrainer
+
+if TYPE_CHECKING:  # transformers is heavy to import; the tokenizer comes in ready-made
+    from transformers import PreTrainedTokenizerBase
 
 # Spread below this is none: floating-point noise in equal rewards must not become a gradient.
 ZERO_SPREAD = 1e-9
@@ -29,11 +36,11 @@ class RoundRollouts:
 
 @dataclass
 class UpdateContext:
-    cfg: Any
-    dist: Any
-    trainer: Any  # AdapterTrainer: the (possibly DDP-wrapped) model, optimizer and settings
-    tokenizer: Any
-    metrics: Any  # MetricsLogger
+    cfg: PipelineConfig
+    dist: Dist
+    trainer: AdapterTrainer  # the (possibly DDP-wrapped) model, optimizer and settings
+    tokenizer: PreTrainedTokenizerBase
+    metrics: MetricsLogger
     progress: bool
     check_signal: Callable[[], None]  # serves save requests between optimizer steps; raises on stop
     # Per-sample values the objective computed (e.g. "advantage"): the round loop logs them as

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ...config.sections import VerifierConfig
 from ..common.compare import TOLERANCE_FIELDS
 from ..common.tensor_io import load_tensors
 from .sandbox import SandboxedProcess
@@ -59,7 +60,7 @@ def draw_secret() -> dict:
     }
 
 
-def reference_job(cfg, device: str) -> dict:
+def reference_job(cfg: VerifierConfig, device: str) -> dict:
     """What the reference process needs of the verifier config (``reference_worker``'s job.json)."""
     return {
         "device": device, "seed": cfg.seed,
