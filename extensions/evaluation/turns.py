@@ -118,10 +118,9 @@ def model_callables(model_path: str, model_cfg, settings: EvalSettings, verifier
                                 batch_size=settings.generation_batch_size, compile_step=settings.compile_decode)
         return [texts[0] for texts in sample_completions(model, tokenizer, prompts, 1, params, progress=progress)]
 
-    def verify(requests: list[tuple[str, str, str]]):
+    def verify(requests: list[VerifyRequest]) -> list[VerifyResult]:
         try:
-            return verify_batch([VerifyRequest(problem, response, label) for problem, response, label in requests],
-                                verifier_cfg, device=device, progress=progress)
+            return verify_batch(requests, verifier_cfg, device=device, progress=progress)
         except Exception as exc:  # the verifier itself broke: nothing was judged
             raise VerificationError(f"the verifier could not run: {type(exc).__name__}: {exc}") from exc
 

@@ -17,12 +17,13 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..prompting.feedback import build_feedback
 from ..prompting.templates import refinement_turns
+from ..verify.api import VerifyRequest
 from ..verify.result import VerifyResult
 
 # generate(prompts, turn) -> one response per prompt; turn counts from 1.
 Generate = Callable[[list[list[dict[str, str]]], int], list[str]]
-# verify([(problem_code, response, label)]) -> one verdict per request, in order.
-Verify = Callable[[list[tuple[str, str, str]]], list[VerifyResult]]
+# verify(requests) -> one verdict per request, in order (``extensions.verify.verify_batch``'s shape).
+Verify = Callable[[list[VerifyRequest]], list[VerifyResult]]
 CountTokens = Callable[[list[dict[str, str]]], int]
 
 
@@ -120,7 +121,8 @@ def run_turns(trajectories: Sequence[Trajectory], generate: Generate, verify: Ve
         responses = generate([messages for messages, _, _ in fitted], turn)
         if len(responses) != len(live):
             raise RuntimeError(f"generate returned {len(responses)} responses for {len(live)} prompts")
-        results = verify([(t.task_code, response, f"{t.key}@turn{turn}") for t, response in zip(live, responses)])
+        results = verify([VerifyRequest(t.task_code, response, f"{t.key}@turn{turn}")
+                           for t, response in zip(live, responses)])
         if len(results) != len(live):
             raise RuntimeError(f"verify returned {len(results)} verdicts for {len(live)} requests")
         turn_stats = TurnStats(turn, len(live), 0)

@@ -154,7 +154,7 @@ class RoundTrajectories:
             if stopped:
                 return
 
-    def verify(self, requests: list[tuple[str, str, str]]) -> list[VerifyResult]:
+    def verify(self, requests: list[VerifyRequest]) -> list[VerifyResult]:
         if len(requests) != len(self.current):
             raise RuntimeError(f"{len(requests)} verification requests for {len(self.current)} sampled turns")
         pending = []

@@ -13,7 +13,7 @@ from extensions.evaluation.records import EvalTask
 from extensions.evaluation.turns import build_trajectories, format_turn_table, run_turns_evaluation, turns_block
 from extensions.prompting.builder import PromptBuilder
 from extensions.prompting.templates import build_messages
-from extensions.verify import VerifyRequest, verify_batch
+from extensions.verify import verify_batch
 from test_evaluate_cli import FIXTURES, build_tiny_model, response, run_evaluate, write_tasks
 
 
@@ -41,7 +41,7 @@ def outcome(tmp_path_factory):
         return answers
 
     def verify(requests):
-        return verify_batch([VerifyRequest(p, r, label) for p, r, label in requests], config, progress=False)
+        return verify_batch(requests, config, progress=False)
 
     path = tmp_path_factory.mktemp("turns") / "trajectories_scripted.jsonl"
     result = run_turns_evaluation(tasks, build_trajectories(tasks, 1, PromptBuilder()), generate=generate,

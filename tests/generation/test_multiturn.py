@@ -7,7 +7,7 @@ import pytest
 from extensions.config import VerifierConfig
 from extensions.generation.multiturn import Trajectory, discounted_returns, fit_prompt, run_turns
 from extensions.prompting.templates import build_messages
-from extensions.verify import VerifyRequest, verify_batch
+from extensions.verify import verify_batch
 from extensions.verify.result import VerifyResult
 from sandbox_support import PROBLEM as AFFINE_PROBLEM, affine_candidate
 
@@ -17,7 +17,7 @@ WRONG = affine_candidate(store="x * alpha")
 
 def _verify(config):
     def verify(requests):
-        return verify_batch([VerifyRequest(p, r, label) for p, r, label in requests], config, progress=False)
+        return verify_batch(requests, config, progress=False)
     return verify
 
 
