@@ -393,10 +393,9 @@ class ReferenceBuilder:
 
         if self.steps.get(init_index) is False:
             return None
-        if init_index not in self.fp32_copies:
-            self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
-
         def rerun(varied: list) -> Any:
+            if init_index not in self.fp32_copies:
+                self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
             with torch.no_grad():
                 return self.fp32_copies[init_index](*map_tensors(varied, lambda t: t.to(self.device)))
 
