@@ -18,7 +18,7 @@ from extensions.verify import VerifyRequest, verify_batch
 from extensions.verify.common.compare import AMBIGUOUS_MAX, ambiguous_limit, compare_outputs
 from extensions.verify.common.tensor_io import unpack
 from extensions.verify.parent.reference_data import draw_secret, reference_job
-from extensions.verify.reference.ambiguity import StepWatch, ambiguous_outputs
+from extensions.verify.reference.ambiguity import ambiguous_outputs, step_watch
 from extensions.verify.reference.builder import ReferenceBuilder
 from extensions.verify.reference.tolerances import scaled_tolerances
 
@@ -242,7 +242,7 @@ def test_the_step_watch_sees_steps_and_nothing_else():
     smooth = [lambda: torch.relu(x) * torch.sigmoid(y), lambda: torch.softmax(x, 0), lambda: x @ y,
               lambda: torch.clamp(x, 0.2, 0.8), lambda: x / y]
     for fn in steps + smooth:
-        watch = StepWatch()
+        watch = step_watch()
         with watch:
             fn()
         assert watch.seen == (fn in steps)

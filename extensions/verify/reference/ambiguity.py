@@ -9,7 +9,7 @@ float, an ``argmax`` between near-equal values: at such an element the true answ
 fp32 precision.
 
 Used by the builder (``builder.py``), in the trusted reference process only. Where the problem's
-forward runs a step operator (``StepWatch``), the fp32 reference is run again on its inputs times
+forward runs a step operator (``step_watch``), the fp32 reference is run again on its inputs times
 (1 + d u) and (1 - d u), u uniform in [-1, 1] per element, for a few magnitudes d around 1e-6..1e-5
 (``PERTURBATIONS``). An element is ambiguous where one side of such a pair jumps and the other does
 not: ``|f(x + h) + f(x - h) - 2 f(x)|`` beyond the element's tolerance. A continuous output, however
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from ..common.compare import ambiguous_limit, tolerances
 from ..common.tensor_io import map_tensors
 
 # aten operators (name parts, in-place forms included) whose output jumps where the argument
 # crosses a step; comparisons, casts to integers, argmax/argmin and sort indices are found by their
-# integral output instead (``StepWatch``).
+# integral output instead (``step_watch``).
 STEP_OPS = frozenset(("floor", "ceil", "round", "trunc", "fix", "frac", "sign", "sgn", "heaviside", "remainder",
                       "fmod", "floor_divide", "hardshrink", "threshold", "histc", "bucketize", "searchsorted"))
 # Relative perturbations of the inputs: (1 + d u) and (1 - d u) per magnitude d. A correct kernel's
@@ -41,21 +39,24 @@ STEP_OPS = frozenset(("floor", "ceil", "round", "trunc", "fix", "frac", "sign", 
 PERTURBATIONS = (1e-5, 3e-6, 1e-6)
 
 
-class StepWatch(TorchDispatchMode):
-    """Records whether a forward ran a step operator: one of ``STEP_OPS``, a division with a
-    rounding mode, or any operator that turns floating-point arguments into integers or bools
-    (``x > y``, ``argmax``, a cast to ``long``)."""
+def step_watch():
+    """A dispatch mode that records (``.seen``) whether a forward ran a step operator: one of
+    ``STEP_OPS``, a division with a rounding mode, or any operator that turns floating-point
+    arguments into integers or bools (``x > y``, ``argmax``, a cast to ``long``). torch is imported
+    here, not with the module: the reference process times its own import of torch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self):
-        super().__init__()
-        self.seen = False
+    class StepWatch(TorchDispatchMode):
+        seen = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if not self.seen:
-            self.seen = _is_step(func, args, kwargs, result)
-        return result
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            if not self.seen:
+                self.seen = _is_step(func, args, kwargs, result)
+            return result
+
+    return StepWatch()
 
 
 def _is_step(func, args, kwargs, result) -> bool:

@@ -18,7 +18,7 @@ from ..common.problem_constants import (find_scalar_constants, find_size_constan
                                         odd_size, rewrite_constants, shrink_step, varied_scalar)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from ..common.tensor_io import map_tensors, pack
-from .ambiguity import StepWatch, ambiguous_outputs
+from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, transform_tensors, value_transforms, with_negative_lines,
@@ -399,7 +399,7 @@ class ReferenceBuilder:
             with torch.no_grad():
                 return self.fp32_copies[init_index](*map_tensors(varied, lambda t: t.to(self.device)))
 
-        watch = StepWatch()
+        watch = step_watch()
         try:
             with watch:
                 wide = like(self._fp64(init_index, inputs), out)
@@ -407,7 +407,7 @@ class ReferenceBuilder:
             wide = None
         if init_index not in self.steps:
             if not watch.seen and wide is None:  # the fp64 run failed: watch the fp32 model instead
-                watch = StepWatch()
+                watch = step_watch()
                 try:
                     with watch:
                         rerun(inputs)
