@@ -393,6 +393,7 @@ class ReferenceBuilder:
 
         if self.steps.get(init_index) is False:
             return None
+
         def rerun(varied: list) -> Any:
             if init_index not in self.fp32_copies:
                 self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
