@@ -63,6 +63,12 @@ def _slack(set_info: dict, expected: dict) -> Any:
     return unpack(set_info["slack"], expected) if "slack" in set_info else None
 
 
+def _ambiguous(set_info: dict, expected: dict) -> Any:
+    """The set's ambiguous output elements and the values the reference gave there
+    (``reference.ambiguity``), or None where it has none."""
+    return unpack(set_info["ambiguous"], expected) if "ambiguous" in set_info else None
+
+
 class CandidateRun:
     """One candidate's worker process and the bookkeeping of its verdict."""
 
@@ -247,7 +253,9 @@ class CandidateRun:
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
         slack = _slack(set_info, self.prepared.expected)
-        mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack)
+        ambiguous = _ambiguous(set_info, self.prepared.expected)
+        mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack,
+                                   ambiguous=ambiguous)
         if mismatch is not None:
             tf32 = mismatch.reason == "values" and self._dots_at_tf32(expected)
             fail(result, label, "mismatch", (TF32_HINT if tf32 else "") + mismatch.message)
@@ -259,7 +267,8 @@ class CandidateRun:
             except (TensorIOError, KeyError) as exc:
                 fail(result, label, "bad_output", f"unreadable second output ({type(exc).__name__})")
                 return False
-            mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack)
+            mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack,
+                                       ambiguous=ambiguous)
             if mismatch is not None:
                 fail(result, label, "mismatch", f"a second run on the same inputs differs ({mismatch.message}); "
                      "uninitialised memory or a race?")
@@ -319,7 +328,8 @@ class CandidateRun:
                 timed_set = self.prepared.sets[set_index]
                 expected = unpack(timed_set["expected"], self.prepared.expected)
                 if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0),
-                                   slack=_slack(timed_set, self.prepared.expected)) is not None:
+                                   slack=_slack(timed_set, self.prepared.expected),
+                                   ambiguous=_ambiguous(timed_set, self.prepared.expected)) is not None:
                     add_flags(result, ["memoized_output"])
                     fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:

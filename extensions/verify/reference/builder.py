@@ -18,6 +18,7 @@ from ..common.problem_constants import (find_scalar_constants, find_size_constan
                                         odd_size, rewrite_constants, shrink_step, varied_scalar)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from ..common.tensor_io import map_tensors, pack
+from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, transform_tensors, value_transforms, with_negative_lines,
@@ -70,6 +71,10 @@ class ReferenceBuilder:
         self.fp64_models: dict[int, Any] = {}
         # Per model (init index): whether its forward accumulates (None: no fp64 run on |inputs|).
         self.accumulates: dict[int, bool | None] = {}
+        # Per model (init index): whether its forward runs a step function (``ambiguity``), and a
+        # copy of it for the perturbed runs (a model with state must not see extra calls).
+        self.steps: dict[int, bool] = {}
+        self.fp32_copies: dict[int, Any] = {}
         self.cap = int(job["max_input_numel"])
         self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
         self.original_source = source
@@ -187,8 +192,9 @@ class ReferenceBuilder:
         if atol_scale is None:
             atol_scale = 1.0 if transform is None else self._growth(inputs, out)
         slack = self._rounding_slack(init_index, inputs, out, rounding, atol_scale)
+        ambiguous = self._ambiguous_elements(init_index, inputs, out, atol_scale, slack, index)
         if exact:
-            why = self._inexact(init_index, inputs, out, atol_scale, slack)
+            why = self._inexact(init_index, inputs, out, atol_scale, slack, ambiguous)
             if why:
                 self.skip(name, why)
                 return False
@@ -202,6 +208,8 @@ class ReferenceBuilder:
         })
         if slack is not None:
             self.sets[-1]["slack"] = pack(slack, f"s{index}.slack", self.expected)
+        if ambiguous is not None:
+            self.sets[-1]["ambiguous"] = pack(ambiguous, f"s{index}.ambiguous", self.expected)
         return True
 
     @property
@@ -374,6 +382,49 @@ class ReferenceBuilder:
         slack = map_tensors(out, slack_of)
         return slack if flatten_tensors(slack) else None
 
+    def _ambiguous_elements(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any,
+                            index: int) -> Any:
+        """The output elements the reference cannot decide, with the values it gave there
+        (``ambiguity.ambiguous_outputs``), where the model runs a step function; else None. The
+        perturbations are drawn from the batch's secret input seed."""
+        import copy
+
+        import torch
+
+        if self.steps.get(init_index) is False:
+            return None
+
+        def rerun(varied: list) -> Any:
+            if init_index not in self.fp32_copies:
+                self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
+            with torch.no_grad():
+                return self.fp32_copies[init_index](*map_tensors(varied, lambda t: t.to(self.device)))
+
+        watch = step_watch()
+        try:
+            with watch:
+                wide = like(self._fp64(init_index, inputs), out)
+        except Exception:  # noqa: BLE001 - no fp64 alternative; the perturbed runs still decide
+            wide = None
+        if init_index not in self.steps:
+            if not watch.seen and wide is None:  # the fp64 run failed: watch the fp32 model instead
+                watch = step_watch()
+                try:
+                    with watch:
+                        rerun(inputs)
+                except Exception:  # noqa: BLE001 - the perturbed runs below would fail the same way
+                    pass
+            self.steps[init_index] = watch.seen
+        if not self.steps[init_index]:
+            return None
+        try:
+            ambiguous, _over_limit = ambiguous_outputs(out, rerun, inputs, wide, self.input_seed + 7919 * (index + 1),
+                                                       self.judging, atol_scale, slack)
+        except Exception as exc:  # noqa: BLE001 - a model that rejects perturbed inputs: compared as before
+            self.skip("ambiguous elements", f"perturbed reference failed ({type(exc).__name__})")
+            return None
+        return ambiguous
+
     def _overflowed(self, init_index: int, inputs: list, out: Any) -> str:
         """Why the non-finite values of the fp32 reference output ``out`` are not the function's own
         (fp32 overflow or a precision accident, which a correct kernel need not repeat), or ''.
@@ -388,9 +439,11 @@ class ReferenceBuilder:
             return f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
         return "" if same_non_finite(out, wide) else "fp32 overflow: the fp64 run differs in where it is not finite"
 
-    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None) -> str:
+    def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None,
+                 ambiguous: Any = None) -> str:
         """Why the fp32 reference output ``out`` is not exact enough on ``inputs`` (judged against
-        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances and of ``slack``), or ''."""
+        the same model run in fp64 with ``EXACTNESS_MARGIN`` of the tolerances and of ``slack``), or ''.
+        At the ``ambiguous`` elements (``ambiguity``) either answer is the reference's own."""
         from ..common.compare import compare_outputs
 
         try:
@@ -402,7 +455,8 @@ class ReferenceBuilder:
         except (TypeError, ValueError) as exc:
             return f"fp64 reference differs in structure ({exc})"
         margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
-        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale, slack=margin)
+        mismatch = compare_outputs(out, exact, self.exactness, atol_scale=atol_scale, slack=margin,
+                                   ambiguous=ambiguous)
         return f"fp32 reference off its fp64 run ({mismatch.reason})" if mismatch else ""
 
     def _constructor_arguments(self) -> dict[str, float | int]:

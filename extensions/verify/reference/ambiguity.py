@@ -1,0 +1,179 @@
+"""Output elements the reference itself cannot decide: a step function's value where its argument
+lies within rounding of a step.
+
+``floor(relu(x) * sigmoid(y) * sigmoid(z) * 1.46)`` computed in another order than the reference is
+a few ulps off it before the floor; where the product lies that close to a whole number, the two
+floors differ by 1, and a correct kernel was rejected on one element of 65,536. The same holds for
+``round``, ``trunc``, ``sign``, a division with a rounding mode, ``remainder``, a comparison cast to
+float, an ``argmax`` between near-equal values: at such an element the true answer is ambiguous at
+fp32 precision.
+
+Used by the builder (``builder.py``), in the trusted reference process only. Where the problem's
+forward runs a step operator (``step_watch``), the fp32 reference is run again on its inputs times
+(1 + d u) and (1 - d u), u uniform in [-1, 1] per element, for a few magnitudes d around 1e-6..1e-5
+(``PERTURBATIONS``). An element is ambiguous where one side of such a pair jumps and the other does
+not: ``|f(x + h) + f(x - h) - 2 f(x)|`` beyond the element's tolerance. A continuous output, however
+ill-conditioned, moves by about the same amount both ways and is never ambiguous; an integer or
+bool output is ambiguous wherever a perturbed run changes it. At an ambiguous element the parent
+accepts any of the values the reference gave there (the fp32 run, the fp64 run, each perturbed
+run); everywhere else the comparison is unchanged. More ambiguous elements than
+``compare.ambiguous_limit`` allows in one output and none are kept: a reference that cannot decide
+a broad share of its output is judged as it was.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..common.compare import ambiguous_limit, tolerances
+from ..common.tensor_io import map_tensors
+
+# aten operators (name parts, in-place forms included) whose output jumps where the argument
+# crosses a step; comparisons, casts to integers, argmax/argmin and sort indices are found by their
+# integral output instead (``step_watch``).
+STEP_OPS = frozenset(("floor", "ceil", "round", "trunc", "fix", "frac", "sign", "sgn", "heaviside", "remainder",
+                      "fmod", "floor_divide", "hardshrink", "threshold", "histc", "bucketize", "searchsorted"))
+# Relative perturbations of the inputs: (1 + d u) and (1 - d u) per magnitude d. A correct kernel's
+# intermediates are a few ulps (2^-24 ~ 6e-8 each) off the reference's; the largest d moves an
+# argument tens of ulps either way, the smallest catches an element with two steps within reach of
+# the largest (both sides jump, the second difference cancels).
+PERTURBATIONS = (1e-5, 3e-6, 1e-6)
+
+
+def step_watch():
+    """A dispatch mode that records (``.seen``) whether a forward ran a step operator: one of
+    ``STEP_OPS``, a division with a rounding mode, or any operator that turns floating-point
+    arguments into integers or bools (``x > y``, ``argmax``, a cast to ``long``). torch is imported
+    here, not with the module: the reference process times its own import of torch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class StepWatch(TorchDispatchMode):
+        seen = False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            if not self.seen:
+                self.seen = _is_step(func, args, kwargs, result)
+            return result
+
+    return StepWatch()
+
+
+def _is_step(func, args, kwargs, result) -> bool:
+    import torch
+
+    name = func.__name__.split(".")[0].rstrip("_")
+    if name in STEP_OPS or (name == "div" and kwargs.get("rounding_mode") is not None):
+        return True
+    floating_in = any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+    outputs = result if isinstance(result, (list, tuple)) else (result,)
+    integral_out = any(isinstance(o, torch.Tensor) and not (o.is_floating_point() or o.is_complex()) for o in outputs)
+    return floating_in and integral_out
+
+
+def perturbed_inputs(inputs: list, scale: float, seed: int) -> list[list]:
+    """``inputs`` with every floating-point tensor times (1 + scale u) and (1 - scale u), u uniform
+    in [-1, 1] per element, drawn from ``seed`` (the batch's secret): the pair of input lists."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    plus, minus = [], []
+    for value in inputs:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            u = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1).to(value.device)
+            plus.append((value.double() * (1 + scale * u)).to(value.dtype))
+            minus.append((value.double() * (1 - scale * u)).to(value.dtype))
+        else:
+            plus.append(value)
+            minus.append(value)
+    return [plus, minus]
+
+
+def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide: Any, seed: int,
+                      judging, atol_scale: float, slack: Any) -> tuple[Any, int]:
+    """The ambiguous elements of each tensor of ``out`` (the fp32 reference on ``inputs``):
+    ``(flat indices int64, alternatives)`` per tensor, the alternatives ``[n, k]`` in the output's
+    dtype, column 0 the reference's own value; None for a tensor with none or with more than
+    ``ambiguous_limit``. ``rerun(inputs)`` is the fp32 model on other inputs; ``wide`` the fp64
+    run cast to the output's dtypes (None: none). Also returns how many tensors had too many."""
+    import torch
+
+    from extensions.timing.tensors import flatten_tensors
+
+    references = flatten_tensors(out)
+    if not references:
+        return None, 0
+    pairs, over_cap = [], 0
+    for i, scale in enumerate(PERTURBATIONS):
+        plus, minus = perturbed_inputs(inputs, scale, seed + i)
+        with torch.no_grad():
+            pairs.append((flatten_tensors(rerun(plus)), flatten_tensors(rerun(minus))))
+    wides = flatten_tensors(wide) if wide is not None else []
+    slacks = _tensor_places(slack) if slack is not None else []
+    entries = []
+    for position, ref in enumerate(references):
+        runs = [(p[position], m[position]) for p, m in pairs
+                if position < min(len(p), len(m))
+                and p[position].shape == ref.shape == m[position].shape and p[position].dtype == ref.dtype]
+        if len(runs) != len(pairs) or ref.numel() == 0:
+            entries.append(None)
+            continue
+        own_slack = slacks[position] if len(slacks) == len(references) else None
+        unsettled = _unsettled(ref, runs, judging, atol_scale, own_slack)
+        count = int(unsettled.sum())
+        if count == 0 or count > ambiguous_limit(ref.numel()):
+            over_cap += count > 0
+            entries.append(None)
+            continue
+        index = unsettled.reshape(-1).nonzero().reshape(-1)
+        columns = [ref.reshape(-1)[index]]
+        if position < len(wides) and wides[position].shape == ref.shape:
+            columns.append(wides[position].to(ref.dtype).reshape(-1)[index].to(ref.device))
+        for plus, minus in runs:
+            columns += [plus.reshape(-1)[index], minus.reshape(-1)[index]]
+        values = torch.stack(columns, dim=1)
+        if values.is_floating_point():
+            # A non-finite value the reference did not give there is no answer to accept.
+            values = torch.where(torch.isfinite(values), values, values[:, :1].expand_as(values))
+        entries.append((index.to("cpu"), values.to("cpu").contiguous()))
+    if all(entry is None for entry in entries):
+        return None, over_cap
+    pieces = iter(entries)
+    return map_tensors(out, lambda _tensor: next(pieces)), over_cap
+
+
+def _tensor_places(value: Any) -> list:
+    """The tensors of a value shaped as an output, with None kept where a tensor of the output has
+    none (the slack of an integer output)."""
+    import torch
+
+    if value is None or isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensor_places(v)]
+    return []
+
+
+def _unsettled(ref, runs: list, judging, atol_scale: float, slack: Optional[Any]):
+    """Where one side of a perturbed pair jumps and the other does not (float outputs), or where
+    any perturbed run differs (integer and bool outputs)."""
+    import torch
+
+    if not (ref.is_floating_point() or ref.is_complex()):
+        unsettled = torch.zeros(ref.shape, dtype=torch.bool, device=ref.device)
+        for plus, minus in runs:
+            unsettled |= (plus != ref) | (minus != ref)
+        return unsettled
+    atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), judging)
+    r = ref.double()
+    bound = atol * max(1.0, atol_scale) + rtol * r.abs()
+    if slack is not None and slack.shape == ref.shape:
+        bound = bound + slack.double().abs().to(ref.device)
+    finite = torch.isfinite(r)
+    unsettled = torch.zeros(ref.shape, dtype=torch.bool, device=ref.device)
+    for plus, minus in runs:
+        p, m = plus.double(), minus.double()
+        both = finite & torch.isfinite(p) & torch.isfinite(m)
+        second_difference = (p + m - 2 * r).abs()
+        unsettled |= both & (second_difference > bound)
+    return unsettled

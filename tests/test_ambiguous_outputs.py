@@ -1,0 +1,248 @@
+"""Step functions: where the reference itself cannot decide an output element, either answer passes.
+
+``floor(x * y * 1.46)`` computed as ``x * (y * 1.46)`` is a correct kernel, yet where the product
+lies within an ulp of a whole number its floor differs from the reference's by 1. The problem below
+plants such elements (about one in a thousand), so without the rule the correct kernel fails every
+batch; with it, a kernel off by a step anywhere else, and one that writes garbage where it guesses
+the reference might be unsure, still fail. A continuous problem gets no ambiguous elements at all.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from extensions.config import VerifierConfig
+from extensions.verify import VerifyRequest, verify_batch
+from extensions.verify.common.compare import AMBIGUOUS_MAX, ambiguous_limit, compare_outputs
+from extensions.verify.common.tensor_io import unpack
+from extensions.verify.parent.reference_data import draw_secret, reference_job
+from extensions.verify.reference.ambiguity import ambiguous_outputs, step_watch
+from extensions.verify.reference.builder import ReferenceBuilder
+from extensions.verify.reference.tolerances import scaled_tolerances
+
+PLANTED_FLOOR = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x, y):
+            return torch.floor(x * y * 1.46)
+
+    batch_size = 4
+    dim = 8192
+
+    def get_inputs():
+        y = torch.rand(batch_size, dim) + 0.5
+        x = torch.randn(batch_size, dim).abs() * 3
+        # About one element in a thousand where the product lands on a whole number in this order
+        # of products and just below it in the order x * (y * 1.46), or the other way round.
+        planted = torch.rand(batch_size, dim) < 1 / 1024
+        up = torch.randint(1, 6, (batch_size, dim)).float() / (y * 1.46)
+        down = up.clone()
+        found = torch.zeros(batch_size, dim, dtype=torch.bool)
+        for _ in range(8):
+            for near in (up, down):
+                differs = planted & ~found & (torch.floor(near * y * 1.46) != torch.floor(near * (y * 1.46)))
+                x = torch.where(differs, near, x)
+                found |= differs
+            up = torch.nextafter(up, torch.full_like(up, float("inf")))
+            down = torch.nextafter(down, torch.zeros_like(down))
+        return [x, y]
+
+    def get_init_inputs():
+        return []
+''')
+
+CONTINUOUS = PLANTED_FLOOR.replace("return torch.floor(x * y * 1.46)", "return x * y * 1.46")
+
+
+def _candidate(value: str) -> str:
+    """A Triton kernel storing ``value`` (of ``x``, ``y``) for every element."""
+    return textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def step_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+            tl.store(out_ptr + offs, VALUE, mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x, y):
+                x, y = x.contiguous(), y.contiguous()
+                out = torch.empty_like(x)
+                n = x.numel()
+                step_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+                return out
+    ''').replace("VALUE", value)
+
+
+# The same floor, the product taken in another order: correct.
+REORDERED = _candidate("tl.floor(x * (y * 1.46))")
+# Off by one step wherever the product is not whole.
+CEIL = _candidate("tl.ceil(x * (y * 1.46))")
+# Floor of a slightly scaled value: one step off on about 1% of the elements.
+SCALED = _candidate("tl.floor(x * (y * 1.47))")
+# Correct except where the product is within 1e-4 of a whole number, the places a kernel could
+# guess the reference is unsure about: there it answers half a step off.
+GARBAGE_WHERE_UNSURE = _candidate(
+    "tl.where(tl.abs(x * (y * 1.46) - tl.floor(x * (y * 1.46) + 0.5)) < 1e-4, "
+    "tl.floor(x * (y * 1.46)) + 0.5, tl.floor(x * (y * 1.46)))")
+
+JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": True, "num_tests": 3,
+       "shape_variations": False}
+
+
+def _built(source: str) -> ReferenceBuilder:
+    builder = ReferenceBuilder(source, JOB, draw_secret())
+    builder.build()
+    return builder
+
+
+def _set(builder: ReferenceBuilder, name: str) -> dict:
+    (chosen,) = [s for s in builder.sets if s["name"] == name]
+    return chosen
+
+
+def test_a_reordered_floor_fails_without_the_rule_and_passes_with_it():
+    """On the sets with planted elements the reordered product's floor differs from the
+    reference's; those elements, and no broad share of the output, are the ambiguous ones."""
+    builder = _built(PLANTED_FLOOR)
+    config = VerifierConfig()
+    for name in ("tiny", "base"):
+        chosen = _set(builder, name)
+        x, y = unpack(chosen["inputs"], builder.tensors)
+        expected = unpack(chosen["expected"], builder.expected)
+        reordered = torch.floor(x * (y * 1.46))
+        assert (reordered != expected).any(), name
+        assert compare_outputs(reordered, expected, config) is not None, name  # the comparison without the rule
+        index, values = unpack(chosen["ambiguous"], builder.expected)
+        assert 0 < index.numel() <= ambiguous_limit(expected.numel()), (name, index.numel())
+        assert values.shape == (index.numel(), 8) and torch.equal(values[:, 0], expected.reshape(-1)[index])
+        differing = (reordered != expected).reshape(-1).nonzero().reshape(-1)
+        assert set(differing.tolist()) <= set(index.tolist()), name
+        assert compare_outputs(reordered, expected, config, ambiguous=(index, values)) is None, name
+        # Off by a step anywhere else still fails.
+        assert compare_outputs(torch.ceil(x * (y * 1.46)), expected, config, ambiguous=(index, values)) is not None
+
+
+def test_a_continuous_problem_has_no_ambiguous_elements():
+    builder = _built(CONTINUOUS)
+    assert builder.sets and not any("ambiguous" in s for s in builder.sets)
+    assert builder.steps == {0: False} and not builder.fp32_copies
+
+
+@pytest.fixture(scope="module")
+def verdicts():
+    config = VerifierConfig(device="cpu", timeout_s=120, workers=2, multi_input_num_tests=3)
+    cases = {"reordered": REORDERED, "ceil": CEIL, "scaled": SCALED, "garbage_where_unsure": GARBAGE_WHERE_UNSURE}
+    results = verify_batch([VerifyRequest(PLANTED_FLOOR, code, label=name) for name, code in cases.items()],
+                           config, progress=False)
+    return dict(zip(cases, results))
+
+
+def test_the_reordered_floor_kernel_is_accepted(verdicts):
+    result = verdicts["reordered"]
+    assert result.correct and result.stage == "full", result.error
+
+
+@pytest.mark.parametrize("name", ["ceil", "scaled", "garbage_where_unsure"])
+def test_kernels_off_by_a_step_or_unsure_on_purpose_are_rejected(verdicts, name):
+    result = verdicts[name]
+    assert not result.correct and result.error_category == "mismatch", (name, result.error)
+    assert result.stage in ("compile", "tiny"), (name, result.stage)
+
+
+# Unit level: crafted tensors.
+
+def test_an_ambiguous_element_accepts_only_the_references_own_values():
+    config = VerifierConfig()
+    reference = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    ambiguous = (torch.tensor([1]), torch.tensor([[1.0, 0.0, 1.0]]))
+    assert compare_outputs(torch.tensor([0.0, 0.0, 2.0, 3.0]), reference, config, ambiguous=ambiguous) is None
+    assert compare_outputs(torch.tensor([0.0, 1.0, 2.0, 3.0]), reference, config, ambiguous=ambiguous) is None
+    assert compare_outputs(torch.tensor([0.0, 0.5, 2.0, 3.0]), reference, config, ambiguous=ambiguous) is not None
+    assert compare_outputs(torch.tensor([0.0, 1.0, 1.0, 3.0]), reference, config, ambiguous=ambiguous) is not None
+    assert compare_outputs(torch.tensor([0.0, float("nan"), 2.0, 3.0]), reference, config,
+                           ambiguous=ambiguous) is not None
+    # Integer outputs (argmax between near-equal values) are compared exactly against the same.
+    indices = torch.tensor([3, 1, 4])
+    assert compare_outputs(torch.tensor([3, 2, 4]), indices, config,
+                           ambiguous=(torch.tensor([1]), torch.tensor([[1, 2]]))) is None
+    assert compare_outputs(torch.tensor([3, 2, 4]), indices, config) is not None
+    # Tuples: each output its own entry.
+    pair = (reference, indices)
+    assert compare_outputs((torch.tensor([0.0, 0.0, 2.0, 3.0]), indices), pair, config,
+                           ambiguous=(ambiguous, None)) is None
+
+
+def test_more_ambiguous_elements_than_the_limit_or_a_malformed_entry_are_not_used():
+    config = VerifierConfig()
+    numel = 4096
+    reference = torch.arange(numel, dtype=torch.float32)
+    limit = ambiguous_limit(numel)
+    assert limit == 4 and ambiguous_limit(10) == 1 and ambiguous_limit(1 << 30) == AMBIGUOUS_MAX
+    off = reference.clone()
+    off[:limit + 1] -= 1
+    everywhere = (torch.arange(limit + 1), torch.stack([reference[:limit + 1], off[:limit + 1]], dim=1))
+    assert compare_outputs(off, reference, config, ambiguous=everywhere) is not None
+    within = reference.clone()
+    within[:limit] -= 1
+    allowed = (torch.arange(limit), torch.stack([reference[:limit], within[:limit]], dim=1))
+    assert compare_outputs(within, reference, config, ambiguous=allowed) is None
+    for malformed in [(torch.arange(limit).int(), allowed[1]), (torch.arange(limit) + numel, allowed[1]),
+                      (torch.arange(limit), allowed[1].double()), (torch.arange(limit), allowed[1][:1])]:
+        assert compare_outputs(within, reference, config, ambiguous=malformed) is not None
+
+
+def test_the_detector_marks_jumps_only():
+    """A step function is ambiguous where one side of a perturbed pair jumps; a continuous but
+    ill-conditioned output (a difference of two large, nearly equal numbers) moves both ways alike
+    and is never ambiguous; a reference unsure of a broad share of its output gets none."""
+    judging = scaled_tolerances(reference_job(VerifierConfig(), "cpu")["tolerances"], 1.0)
+    x = torch.rand(4096) * 4 + 0.5
+    x[:3] = torch.tensor([1.0, 2.0, 3.0])  # whole numbers: the floor is unsure at these alone
+
+    def floor(inputs):
+        return torch.floor(inputs[0])
+
+    out = floor([x])
+    ambiguous, over = ambiguous_outputs(out, floor, [x], None, 1234, judging, 1.0, None)
+    index, values = ambiguous
+    assert over == 0 and set(index.tolist()) >= {0, 1, 2} and index.numel() <= ambiguous_limit(4096)
+    assert {0.0, 1.0} <= set(values[0].tolist()) <= {0.0, 1.0}
+
+    big = torch.rand(4096) * 1e4 + 1e4
+
+    def cancelling(inputs):
+        return inputs[0] - inputs[1]
+
+    near = big * (1 + 1e-7)
+    assert ambiguous_outputs(cancelling([big, near]), cancelling, [big, near], None, 99, judging, 1.0, None) == (None, 0)
+
+    def fine_floor(inputs):
+        return torch.floor(inputs[0] * 3000)
+
+    assert ambiguous_outputs(fine_floor([x]), fine_floor, [x], None, 7, judging, 1.0, None) == (None, 1)
+
+
+def test_the_step_watch_sees_steps_and_nothing_else():
+    x, y = torch.rand(8), torch.rand(8)
+    steps = [lambda: torch.floor(x), lambda: torch.div(x, y, rounding_mode="trunc"), lambda: (x > y).float(),
+             lambda: torch.argmax(x), lambda: torch.sign(x - y), lambda: torch.remainder(x, 0.3), lambda: x.long()]
+    smooth = [lambda: torch.relu(x) * torch.sigmoid(y), lambda: torch.softmax(x, 0), lambda: x @ y,
+              lambda: torch.clamp(x, 0.2, 0.8), lambda: x / y]
+    for fn in steps + smooth:
+        watch = step_watch()
+        with watch:
+            fn()
+        assert watch.seen == (fn in steps)
