@@ -295,7 +295,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
     if dist.is_main:
         print(f"[rl] round {round_index}: reward mean {stats['reward_mean']:.3f} (std {stats['reward_std']:.3f}), "
               f"{stats['correct']}/{stats['judged']} correct, {update_stats.get('train_steps', 0)} update step(s), "
-              f"level-2 share next {curriculum.share_l2:.2f}", flush=True)
+              f"level-2 share next {curriculum.share_l2:.2f}; sampling {sampling_s:.0f}s, "
+              f"verifying {phase['verifying_s']:.0f}s, training {training_s:.0f}s", flush=True)
         if multi_turn:
             turns = stats["multiturn"]
             print(f"[rl] round {round_index}: {100 * turns['success_rate']:.1f}% of {turns['trajectories']} trajectories "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,12 @@ def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir, capsys):
     cfg, paths = _rl_config(tmp_path, model_dir)
     outcome = rl_module.run_rl(cfg, progress=False, verify_fn=fake_verify)
     assert outcome.status == "finished"
-    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rl] done:")]
+    printed = capsys.readouterr().out.splitlines()
+    summary = [line for line in printed if line.startswith("[rl] done:")]
     assert len(summary) == 1 and "2 round(s) in this run" in summary[0]
+    # Each round says where its time went.
+    rounds = [line for line in printed if line.startswith("[rl] round ") and "reward mean" in line]
+    assert len(rounds) == 2 and all(re.search(r"sampling \d+s, verifying \d+s, training \d+s$", line) for line in rounds)
     assert "round 1: reward" in summary[0] and "round 2: reward" in summary[0] and "/9 correct" in summary[0]
     for r in (1, 2):
         round_dir = paths.rl_round(r)
