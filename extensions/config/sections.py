@@ -213,7 +213,7 @@ class RLConfig:
 class VerifierConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     timeout_s: float = 120.0
-    workers: int = 0  # 0: one per CPU core (CPU); on CUDA one per two cores, 2-8 per GPU (timing one at a time)
+    workers: int = 0  # 0: one per CPU core (CPU); CUDA: one per 2 cores and per 10 GB, 2-8 per GPU (timing one at a time)
     max_output_bytes: int = 65536
     # auto = bwrap, failing loudly where bubblewrap cannot start; process only when named here.
     isolation: Literal["auto", "bwrap", "process"] = "auto"

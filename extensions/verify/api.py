@@ -133,13 +133,16 @@ def screen(index: int, request: VerifyRequest, config) -> _Screened:
 
 # -- the device pool ----------------------------------------------------------------------------
 
-def default_cuda_slots(gpus: int, cores: int) -> int:
-    """Worker slots on CUDA when ``verifier.workers`` is 0: one per two CPU cores, two to eight per
-    GPU. On one H100 with 16 cores, with each batch's references kept in their processes, a
-    data-like batch (96 pairs, timing off) ran at 77 candidates/min with 4 slots, 102 with 8 and 69
-    with 16 (the slots' CUDA start-ups contend for the cores); an evaluation-like batch with timing
-    at 14 with 2 slots and 22 with 8 (``bench/verifier_throughput.py``)."""
-    return max(2 * gpus, min(8 * gpus, cores // 2))
+def default_cuda_slots(gpus: int, cores: int, gpu_memory_gb: float) -> int:
+    """Worker slots on CUDA when ``verifier.workers`` is 0: one per two CPU cores and one per 10 GB
+    of the smallest GPU's memory (each slot's workers hold CUDA contexts beside whatever else the
+    GPU holds, the policy model during RL), two to eight per GPU. On one H100 with 16 cores, with
+    each batch's references kept in their processes, a data-like batch (96 pairs, timing off) ran
+    at 77 candidates/min with 4 slots, 102 with 8 and 69 with 16 (the slots' CUDA start-ups contend
+    for the cores); an evaluation-like batch with timing at 14 with 2 slots and 22 with 8
+    (``bench/verifier_throughput.py``)."""
+    per_gpu_by_memory = int(gpu_memory_gb // 10)
+    return max(2 * gpus, min(8 * gpus, cores // 2, per_gpu_by_memory * gpus))
 
 
 class _DevicePool:
@@ -155,7 +158,11 @@ class _DevicePool:
             count = torch.cuda.device_count()
             if count == 0:
                 raise VerifierError("device cuda requested but no CUDA device is visible")
-            slots = workers if workers > 0 else default_cuda_slots(count, os.cpu_count() or 2)
+            if workers > 0:
+                slots = workers
+            else:
+                smallest = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+                slots = default_cuda_slots(count, os.cpu_count() or 2, smallest / 1e9)
             self._free = [i % count for i in range(slots)]
         else:
             slots = workers if workers > 0 else max(1, os.cpu_count() or 1)

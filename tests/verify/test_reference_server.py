@@ -153,11 +153,13 @@ def test_no_reference_process_outlives_its_batch(tmp_path):
     assert set(wait_gone(marker)) <= before
 
 
-def test_cuda_slots_scale_with_cores_within_two_to_eight_per_gpu():
+def test_cuda_slots_scale_with_cores_and_gpu_memory_within_two_to_eight_per_gpu():
     from extensions.verify.api import default_cuda_slots
 
-    assert default_cuda_slots(1, 16) == 8  # one H100 machine: one slot per two cores
-    assert default_cuda_slots(1, 64) == 8  # never more than eight per GPU
-    assert default_cuda_slots(1, 2) == 2  # never fewer than two per GPU
-    assert default_cuda_slots(8, 96) == 48
-    assert default_cuda_slots(8, 256) == 64
+    assert default_cuda_slots(1, 16, 80) == 8  # one H100 machine: one slot per two cores
+    assert default_cuda_slots(1, 64, 80) == 8  # never more than eight per GPU
+    assert default_cuda_slots(1, 2, 80) == 2  # never fewer than two per GPU
+    assert default_cuda_slots(8, 96, 80) == 48
+    assert default_cuda_slots(8, 256, 80) == 64
+    assert default_cuda_slots(8, 96, 40) == 32  # 40 GB cards: four per GPU
+    assert default_cuda_slots(1, 16, 24) == 2
