@@ -113,7 +113,8 @@ class _Built:
 
 class ReferenceServer:
     """A reference process kept for one problem after another (``reference_worker --serve``):
-    a job goes in as a line on its stdin, the answer comes back as a file in the job's folder."""
+    a job goes in as a line on its stdin, the answer comes back as a file in the job's folder, and a
+    failure ends the process as it ends a fresh one."""
 
     def __init__(self, device: str, gpu: Optional[int], work_root: str, max_output_bytes: int):
         self.gpu = gpu
@@ -122,26 +123,16 @@ class ReferenceServer:
                                      gpu_index=gpu, isolation="process", max_output_bytes=max_output_bytes)
 
     def build(self, job_dir: str, secret: dict, deadline: float) -> _Built:
-        done, failed = os.path.join(job_dir, "prepared.json"), os.path.join(job_dir, "failed.txt")
         self.proc.send_line(json.dumps({"job_dir": job_dir, "secret": secret}))
-        pause = 0.005
-        while True:
-            if os.path.exists(done):
-                return _Built(True)
-            if os.path.exists(failed):
-                with open(failed, errors="replace") as fh:
-                    lines = fh.read().strip().splitlines()
-                return _Built(False, error=lines[-1] if lines else "reference failed")
-            if self.proc.poll() is not None:
-                outcome = self.proc.finish(time.monotonic() + 5)
-                if os.path.exists(done):
-                    return _Built(True)
-                return _Built(False, error=tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                return _Built(False, timed_out=True)
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+        # The same wait as a candidate's status file; the job's folder lies beside the server's own.
+        answer = os.path.relpath(os.path.join(job_dir, "prepared.json"), self.proc.sandbox_dir)
+        if self.proc.wait_for_file(answer, deadline):
+            return _Built(True)
+        if self.proc.timed_out:
+            return _Built(False, timed_out=True)
+        # A failed job ends the process with its one-line reason on stderr, as a fresh process does.
+        outcome = self.proc.finish(time.monotonic() + 5)
+        return _Built(False, error=tail_line(outcome.stderr) or f"reference exited {outcome.returncode}")
 
     def close(self) -> None:
         self.proc.kill()

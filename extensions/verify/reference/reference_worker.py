@@ -25,9 +25,9 @@ position.
 ``--serve`` builds one problem after another in the same process, so that torch's import and the
 CUDA context are paid once per batch instead of once per problem (torch's import alone was 4.8 of a
 small problem's 14 seconds on an H100). Each stdin line is a job, ``{"job_dir": ..., "secret":
-...}``; the process answers through the job's folder (``prepared.json``, or ``failed.txt`` with the
-one-line reason) and exits after any failure, since a problem that raised may have left the process
-(or its CUDA context) in a state the next problem must not inherit. Between jobs it puts back the
+...}``; the process answers through the job's folder (``prepared.json``). After any failure it
+prints the one-line reason on stderr and exits, as a process of one problem does: a problem that
+raised may have left the process (or its CUDA context) in a state the next one must not inherit. Between jobs it puts back the
 global torch settings a problem's code can change.
 """
 from __future__ import annotations
@@ -134,10 +134,7 @@ def serve(started: float) -> None:
             # The first job's import phase is the server's start-up; later jobs import nothing.
             run(job_dir, secret, started if first else time.monotonic())
         except Exception as exc:  # noqa: BLE001 - reported to the parent in one line
-            tmp = os.path.join(job_dir, "failed.txt.tmp")
-            with open(tmp, "w") as fh:
-                fh.write(_failure_line(exc))
-            os.replace(tmp, os.path.join(job_dir, "failed.txt"))
+            print(_failure_line(exc), file=sys.stderr, flush=True)
             sys.exit(1)
         first = False
         gc.collect()
