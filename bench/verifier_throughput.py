@@ -245,18 +245,21 @@ def pair_batch(path: str) -> list[tuple[str, str, str]]:
     from extensions.data.rejections import RowRejected
 
     opener = gzip.open if path.endswith(".gz") else open
-    batch = []
+    batch, rejected = [], {}
     with opener(path, "rt") as fh:
         for line in fh:
             try:
                 pair = normalise_row(json.loads(line))
-            except RowRejected:
+            except RowRejected as exc:
+                rejected[exc.reason] = rejected.get(exc.reason, 0) + 1
                 continue
             batch.append((pair.uuid, pair.task_code, pair.solution_code))
+    if rejected:
+        print(f"pairs left out of the batch (the data stage would drop them too): {rejected}", file=sys.stderr)
     return batch
 
 
-def longest_silence(results, candidates: int) -> tuple[float, float]:
+def longest_silence(results) -> tuple[float, float]:
     """The longest stretch (s) without a verdict while candidates were still waiting, and when it
     began, counted from the moment the batch's workers started. Candidates answered without a
     worker (cached, duplicates, static rejects) are answered at once and do not count."""
@@ -448,7 +451,7 @@ def main() -> None:
             wall = time.monotonic() - started
             run_key = f"{key}@{slots}"
             last_end = max((r.details["batch_span_s"][1] for r in results if "batch_span_s" in r.details), default=None)
-            silence, silence_began = longest_silence(results, len(batch))
+            silence, silence_began = longest_silence(results)
             if closing:
                 created, began, ended = (t - started for t in closing[0])
                 ends[run_key] = (f"{run_key}: workers started {created:.1f}s after the call, last verdict at "
