@@ -1,6 +1,7 @@
 """The verifier: is a candidate a correct Triton implementation of a KernelBench-style problem?
 
     from extensions.verify import VerifyRequest, verify_candidate, verify_batch, summarize_results
+    from extensions.verify import VerifierSession   # submit candidates as they come, judged meanwhile
 
 Importing the package is light (no torch); the API loads what it needs when called. The command
 line is ``python -m extensions.verify`` (see ``docs/verifier.md``).
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VerifyRequest", "verify_candidate", "verify_batch", "summarize_results", "VerifierError"]
+__all__ = ["VerifyRequest", "VerifierSession", "verify_candidate", "verify_batch", "summarize_results",
+           "VerifierError"]
 
 
 def __getattr__(name: str) -> Any:

@@ -77,7 +77,7 @@ class CandidateRun:
                  clock: Optional[PhaseClock] = None, gate=None):
         self.prepared, self.config, self.device, self.gpu = prepared, config, device, gpu
         self.code = code
-        self.gate = gate  # the GPU's readers/writer gate (``api._GpuGate``); None: no other user
+        self.gate = gate  # the GPU's readers/writer gate (``device_pool.GpuGate``); None: no other user
         self.result, self.proc = result, proc
         self.clock = clock or PhaseClock()  # the parent's side of each set, for the phase table
         self.worker_phases: dict[str, float] = {}

@@ -200,6 +200,12 @@ class WorkerLauncher:
             self.release(worker, gpu, reuse=False)  # the warm child died: clean up, fork another
         raise RuntimeError("the verifier's fork server lost three children before their candidates")
 
+    def expect(self, more: int) -> None:
+        """``more`` candidates beyond the count the launcher was made for (a session's later
+        submissions): servers going back idle fork children ahead for them."""
+        with self._lock:
+            self._to_start += max(0, more)
+
     def take(self, gpu: Optional[int]):
         """A worker for one candidate: a forked child (fork server) or a fresh process."""
         with self._lock:

@@ -1,0 +1,134 @@
+"""A verifier session judges candidates as they arrive (``extensions.verify.VerifierSession``).
+
+What a user relies on (the RL round verifies one sampled batch while the next samples; the
+synthesizer verifies each pair as soon as inductor has captured it): a verdict from a session is
+the verdict ``verify_batch`` gives; candidates submitted later reuse the session's processes and
+its verdicts for identical code; a problem's reference data is dropped once its candidates are
+judged; and a session stopped mid-way cancels what waits, leaves no process or file behind, and
+answers every future (nobody waits forever).
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+
+import pytest
+
+from extensions.config import VerifierConfig
+from extensions.verify import VerifierError, VerifierSession, VerifyRequest, verify_batch
+
+from sandbox_support import processes_with, wait_gone
+
+PROBLEM = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x):
+            return torch.relu(x)
+
+    batch_size = 4
+    dim = 40
+
+    def get_inputs():
+        return [torch.randn(batch_size, dim)]
+
+    def get_init_inputs():
+        return []
+""")
+
+RELU = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(y_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x):
+            x = x.contiguous()
+            y = torch.empty_like(x)
+            relu_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128)
+            return y
+""")
+
+WRONG = RELU.replace("tl.maximum(x, 0.0)", "tl.abs(x)")
+STATIC_CHEAT = RELU.replace("import torch\n", "import torch\nimport subprocess\n", 1)
+OTHER_PROBLEM = PROBLEM.replace("dim = 40", "dim = 24")
+
+
+def _config(**overrides) -> VerifierConfig:
+    settings = {"device": "cpu", "timeout_s": 60, "multi_input_num_tests": 1, "workers": 2,
+                "isolation": "process", **overrides}
+    return VerifierConfig(**settings)
+
+
+def test_a_session_gives_the_batch_verdicts_and_reuses_them_across_submissions():
+    config = _config()
+    batch = verify_batch([VerifyRequest(PROBLEM, RELU, "a"), VerifyRequest(PROBLEM, WRONG, "b")], config,
+                         device="cpu", progress=False)
+    with VerifierSession(config, device="cpu") as session:
+        first = session.submit_many([VerifyRequest(PROBLEM, RELU, "a"), VerifyRequest(PROBLEM, STATIC_CHEAT, "c")])
+        assert first[1].done() and not first[1].result().correct  # screened at submission, no worker
+        later = [session.submit(VerifyRequest(PROBLEM, WRONG, "b")), session.submit(VerifyRequest(PROBLEM, RELU, "d"))]
+        results = [f.result(timeout=300) for f in first + later]
+    assert [r.correct for r in batch] == [True, False]
+    assert [(r.candidate, r.correct) for r in results] == [("a", True), ("c", False), ("b", False), ("d", True)]
+    assert results[2].stage == batch[1].stage
+    assert results[3].cached and not results[0].cached  # identical code for the same problem: judged once
+    assert results[0].reward == batch[0].reward and results[3].reward == batch[0].reward
+
+
+def test_default_labels_count_the_sessions_requests():
+    with VerifierSession(_config(), device="cpu") as session:
+        first = session.submit(VerifyRequest(PROBLEM, "no code here"))
+        second = session.submit(VerifyRequest(PROBLEM, "still none"))
+    assert [first.result().candidate, second.result().candidate] == ["candidate_0", "candidate_1"]
+
+
+def test_reference_data_is_dropped_after_a_problems_last_candidate():
+    with VerifierSession(_config(), device="cpu") as session:
+        future = session.submit(VerifyRequest(PROBLEM, RELU))
+        assert future.result(timeout=300).correct
+        deadline = time.monotonic() + 10
+        while session._problems and time.monotonic() < deadline:  # dropped right after the verdict
+            time.sleep(0.05)
+        assert not session._problems
+        assert not [d for d in os.listdir(session.work_root) if d.startswith("problem-")]
+        # A later candidate of the same problem gets a fresh build, and its own verdict.
+        again = session.submit(VerifyRequest(PROBLEM, WRONG)).result(timeout=300)
+    assert not again.correct and again.stage != "none"
+
+
+def test_a_stopped_session_cancels_what_waits_and_leaves_nothing_behind():
+    before_workers = set(processes_with("extensions.verify.sandboxed"))
+    before_refs = set(processes_with("reference_worker"))
+    problems = [PROBLEM.replace("dim = 40", f"dim = {40 + i}") for i in range(8)]
+    session = VerifierSession(_config(workers=1), device="cpu")
+    futures = session.submit_many([VerifyRequest(p, RELU, str(i)) for i, p in enumerate(problems)])
+    root = session.work_root
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with session:
+            raise KeyboardInterrupt  # Ctrl-C while the first candidates are being judged
+    assert time.monotonic() - started < 60
+    assert all(f.done() for f in futures)  # answered or cancelled: nobody waits forever
+    assert any(f.cancelled() for f in futures)
+    assert not os.path.exists(root)
+    assert set(wait_gone("extensions.verify.sandboxed")) <= before_workers
+    assert set(wait_gone("reference_worker")) <= before_refs
+    with pytest.raises(VerifierError):
+        session.submit(VerifyRequest(OTHER_PROBLEM, RELU))
