@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import sys
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -62,10 +64,17 @@ _SCHEDULING_KEYS = ("workers", "fork_server", "fork_servers_per_slot", "prespawn
                     "reference_server")
 
 
+def _timing_only(key: str) -> bool:
+    """Settings that only the timer and the reward read: a pair is judged with timing off, so the
+    synthesizer's verdicts serve a run whose timing budget or reward table differs."""
+    return key.startswith("timing_") or key in ("speedup_review_bound", "reward_weights")
+
+
 def verdict_key(pair: KernelBookPair, device: str, verifier_cfg: VerifierConfig) -> str:
     """The task, the solution, where and under which checks it was judged, and the verifier's code:
     a verdict under the smoke config's three input sets is no verdict under the default's five."""
-    checks = {k: v for k, v in dataclasses.asdict(verifier_cfg).items() if k not in _SCHEDULING_KEYS}
+    checks = {k: v for k, v in dataclasses.asdict(verifier_cfg).items()
+              if k not in _SCHEDULING_KEYS and not _timing_only(k)}
     text = json.dumps([pair.task_code, pair.solution_code, device, checks, verifier_digest()], sort_keys=True)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -83,7 +92,8 @@ def _read_cache(path: Path) -> dict[str, PairVerdict]:
     return verdicts
 
 
-def _append_cache(path: Path, entries: dict[str, PairVerdict]) -> None:
+def _append_cache(path: Path, entries: dict[str, PairVerdict], *, warn: bool = True) -> bool:
+    """Append ``entries``; False (said on stderr when ``warn``) when the cache cannot be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as handle:
@@ -93,40 +103,97 @@ def _append_cache(path: Path, entries: dict[str, PairVerdict]) -> None:
                 row.pop("cached")
                 handle.write(json.dumps(row) + "\n")
             handle.flush()
+        return True
     except OSError as exc:
         # An unwritable cache costs a re-verification next time, never the run; said once.
-        print(f"warning: verdict cache {path} cannot be written ({exc.strerror or exc}); the next run verifies "
-              f"these {len(entries)} pair(s) again (set {CACHE_ENV} to a writable file)", file=sys.stderr, flush=True)
+        if warn:
+            print(f"warning: verdict cache {path} cannot be written ({exc.strerror or exc}); the next run verifies "
+                  f"these pairs again (set {CACHE_ENV} to a writable file)", file=sys.stderr, flush=True)
+        return False
+
+
+class PairVerification:
+    """``verify_pairs`` for pairs that arrive over time (the synthesizer's captures): a cached
+    verdict is answered at once, the rest are judged in one verifier session, and each new
+    verdict is cached as soon as it is known (a machine that dies keeps what it judged)."""
+
+    def __init__(self, verifier_cfg: VerifierConfig, *, progress: bool = False, expected: int = 0,
+                 cache: Optional[Path] = None):
+        from ..verify.api import resolve_device
+
+        self.device = resolve_device(None, verifier_cfg)
+        self.config = dataclasses.replace(verifier_cfg, enable_calibrated_timing=False)
+        self.cache = cache or cache_path()
+        self.known = _read_cache(self.cache)
+        self._progress, self._expected = progress, expected
+        self._session = None
+        self._lock = threading.Lock()
+        self._cache_failed = False  # said once, not once per pair
+
+    def _open_session(self):
+        if self._session is None:  # a run whose pairs are all cached starts no process
+            from ..verify import VerifierSession
+
+            self._session = VerifierSession(self.config, device=self.device, progress=self._progress,
+                                            expected=self._expected)
+        return self._session
+
+    def submit_many(self, pairs: Sequence[KernelBookPair]) -> "list[Future[PairVerdict]]":
+        from ..verify import VerifyRequest
+
+        futures: list[Future] = [Future() for _ in pairs]
+        keys = [verdict_key(pair, self.device, self.config) for pair in pairs]
+        todo = []
+        for index, key in enumerate(keys):
+            if key in self.known:
+                futures[index].set_result(dataclasses.replace(self.known[key], cached=True))
+            else:
+                todo.append(index)
+        if not todo:
+            return futures
+        requests = [VerifyRequest(pairs[i].task_code, pairs[i].solution_code, label=pairs[i].uuid) for i in todo]
+        for index, judged in zip(todo, self._open_session().submit_many(requests)):
+            judged.add_done_callback(self._answer(keys[index], futures[index]))
+        return futures
+
+    def _answer(self, key: str, future: Future):
+        def finished(judged: Future) -> None:
+            if judged.cancelled():
+                future.cancel()
+                return
+            if judged.exception() is not None:
+                future.set_exception(judged.exception())
+                return
+            result = judged.result()
+            verdict = PairVerdict(
+                correct=bool(result.correct), stage=result.stage, flags=sorted(set(result.flags)),
+                error=(result.error or None) and result.error[:300], device=self.device, isolation=result.isolation,
+                reduced_size="reduced_size" in result.flags)
+            self.known[key] = verdict
+            with self._lock:
+                warn = not self._cache_failed
+                self._cache_failed |= not _append_cache(self.cache, {key: verdict}, warn=warn)
+            future.set_result(verdict)
+
+        return finished
+
+    def close(self, *, stop: bool = False) -> None:
+        if self._session is not None:
+            self._session.close(stop=stop)
+
+    def __enter__(self) -> "PairVerification":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close(stop=kind is not None)
 
 
 def verify_pairs(pairs: Sequence[KernelBookPair], verifier_cfg: VerifierConfig, *, progress: bool = True,
                  cache: Optional[Path] = None) -> list[PairVerdict]:
     """One verdict per pair, in order; cached verdicts are reused and new ones cached."""
-    from ..verify import VerifyRequest, verify_batch
-    from ..verify.api import resolve_device
-
-    device = resolve_device(None, verifier_cfg)
-    config = dataclasses.replace(verifier_cfg, enable_calibrated_timing=False)
-    cache = cache or cache_path()
-    known = _read_cache(cache)
-    keys = [verdict_key(pair, device, config) for pair in pairs]
-    todo = [i for i, key in enumerate(keys) if key not in known]
-    fresh: dict[str, PairVerdict] = {}
-    if todo:
-        requests = [VerifyRequest(pairs[i].task_code, pairs[i].solution_code, label=pairs[i].uuid) for i in todo]
-        for index, result in zip(todo, verify_batch(requests, config, device=device, progress=progress)):
-            fresh[keys[index]] = PairVerdict(
-                correct=bool(result.correct), stage=result.stage, flags=sorted(set(result.flags)),
-                error=(result.error or None) and result.error[:300], device=device, isolation=result.isolation,
-                reduced_size="reduced_size" in result.flags)
-        _append_cache(cache, fresh)
-    verdicts = []
-    for key in keys:
-        if key in fresh:
-            verdicts.append(fresh[key])
-        else:
-            verdicts.append(dataclasses.replace(known[key], cached=True))
-    return verdicts
+    with PairVerification(verifier_cfg, progress=progress, expected=len(pairs), cache=cache) as verification:
+        futures = verification.submit_many(pairs)
+        return [future.result() for future in futures]
 
 
 def summarize(verdicts: Sequence[PairVerdict]) -> dict:

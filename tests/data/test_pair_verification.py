@@ -19,6 +19,11 @@ def test_cached_verdicts_are_reused_only_under_the_same_checks(tmp_path):
     # other scheduling, same checks: the cached verdict stands
     again = verify_pairs([pair], dataclasses.replace(verifier, workers=1), progress=False, cache=cache)
     assert again[0].cached and again[0].correct
+    # another timing budget or reward table (pairs are judged with timing off; the synthesizer's
+    # verdicts serve the learning-signal run): the cached verdict stands
+    timed = dataclasses.replace(verifier, timing_budget_s=1.0, timing_max_cv=0.5,
+                                reward_weights=dataclasses.replace(verifier.reward_weights, full=0.5))
+    assert verify_pairs([pair], timed, progress=False, cache=cache)[0].cached
     # other checks (fewer input sets): judged again, not taken from the cache
     other = verify_pairs([pair], dataclasses.replace(verifier, multi_input_num_tests=2), progress=False, cache=cache)
     assert not other[0].cached and other[0].correct
@@ -26,9 +31,10 @@ def test_cached_verdicts_are_reused_only_under_the_same_checks(tmp_path):
 
 
 def test_an_unwritable_cache_is_said_once_and_the_verdicts_still_come(capsys):
-    pair = normalise_row(next(row for row in bundled_pairs() if row["uuid"] == "bundled-add"))
+    pairs = [normalise_row(row) for row in bundled_pairs() if row["uuid"] in ("bundled-add", "bundled-clamp")]
+    assert len(pairs) == 2
     verifier = load_config(None, ["verifier.device=cpu", "verifier.multi_input_num_tests=1"]).verifier
-    verdicts = verify_pairs([pair], verifier, progress=False, cache=Path("/sys/kernel-rl-no-cache/verdicts.jsonl"))
-    assert verdicts[0].correct and not verdicts[0].cached
+    verdicts = verify_pairs(pairs, verifier, progress=False, cache=Path("/sys/kernel-rl-no-cache/verdicts.jsonl"))
+    assert all(v.correct and not v.cached for v in verdicts)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot be written" in line]
     assert len(warnings) == 1 and "/sys/kernel-rl-no-cache/verdicts.jsonl" in warnings[0]

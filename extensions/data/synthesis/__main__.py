@@ -29,14 +29,13 @@ def parse_args(argv: list[str]) -> SynthesisOptions:
                         help="KernelBench-style JSONL (level, name, code) to decontaminate against")
     parser.add_argument("--capture-workers", "--capture_workers", type=int, default=0)
     parser.add_argument("--verify-workers", "--verify_workers", type=int, default=0)
-    parser.add_argument("--verify-batch", "--verify_batch", type=int, default=48)
     parser.add_argument("--max-minutes", "--max_minutes", type=float, default=0.0)
     parser.add_argument("--no-progress", "--no_progress", action="store_true")
     args = parser.parse_args(argv)
     return SynthesisOptions(out=args.out, count=args.count, seed=args.seed, families=tuple(args.families),
                             module_files=args.modules, eval_tasks=args.eval_tasks,
                             capture_workers=args.capture_workers, verify_workers=args.verify_workers,
-                            verify_batch=args.verify_batch, max_minutes=args.max_minutes,
+                            max_minutes=args.max_minutes,
                             progress=not args.no_progress)
 
 

@@ -7,8 +7,9 @@ thresholds, and its traced-computation rule: a program that computes what a task
 dropped as ``same_computation_as_eval_problem``) and de-duplicated against the programs before it
 before it is compiled;
 every captured pair is canonicalised and verified on CUDA by the project's verifier (correctness
-on every input set; timing off, since a pair is training data, not a reward). Captures run in
-worker processes while the verifier judges the previous batch.
+on every input set; timing off, since a pair is training data, not a reward). Screening,
+capturing and verifying overlap: captures run in worker processes from the first program screened,
+and each captured pair goes to one verifier session as soon as it exists.
 
 Resumable: ``<out>`` holds the verified rows, ``<out stem>.dropped.jsonl`` every program that was
 not kept and why, ``<out stem>.captured.jsonl`` every captured row (before verification); a rerun
@@ -20,15 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
+import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ...runtime.io import atomic_write_json, read_jsonl
 from ..dedup import SimilarityIndex, code_shingles
@@ -48,7 +49,6 @@ class SynthesisOptions:
     near_duplicate_threshold: float = 0.9
     decontaminate_by_computation: bool = True  # also drop programs whose traced graph equals a task's
     capture_workers: int = 0  # 0: half the CPU cores, at most 12
-    verify_batch: int = 48  # candidates per verifier call: a deadline waits for one call at most
     verify_workers: int = 0  # verifier slots; 0: the verifier's own default
     max_minutes: float = 0.0  # stop starting new work after this long (0: no limit); rerun resumes
     verify_device: str = "cuda"  # where captured pairs are judged (cpu: the interpreter, for tests)
@@ -185,12 +185,12 @@ def _init_worker() -> None:
 
 
 def screen_programs(programs: list[Program], options: SynthesisOptions, report: SynthesisReport,
-                    dropped: _Appender) -> list[Program]:
-    """Decontaminate and de-duplicate, in order; what is dropped is written and counted."""
+                    dropped: _Appender) -> Iterator[Program]:
+    """Decontaminate and de-duplicate, in order, yielding each program kept as soon as it is judged
+    (the GPU starts on the first while the rest are screened); what is dropped is written and counted."""
     eval_index = _eval_index(options.eval_tasks)
     by_computation = options.decontaminate_by_computation and len(eval_index) > 0
     kept_index = SimilarityIndex()
-    kept, rows = [], []
     with SignatureTracer() as tracer:
         computations = ComputationIndex()
         if by_computation:
@@ -200,6 +200,9 @@ def screen_programs(programs: list[Program], options: SynthesisOptions, report: 
             shingles = code_shingles(program.source)
             match = eval_index.most_similar(shingles, options.decontamination_threshold)
             reason, detail = ("overlaps_eval_problem", f"{match[0]} ({match[1]:.2f})") if match else ("", "")
+            if not reason:  # the cheap text rule first: tracing is the slow half of screening
+                near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
+                reason, detail = ("near_duplicate", f"{near[0]} ({near[1]:.2f})") if near else ("", "")
             if not reason and by_computation:
                 signature = tracer.signature(program.source)
                 report.untraceable += not signature.traceable
@@ -207,29 +210,12 @@ def screen_programs(programs: list[Program], options: SynthesisOptions, report: 
                 if same:
                     reason = "same_computation_as_eval_problem"
                     detail = f"{same.key} ({'exact graph' if same.exact else 'same computation'})"
-            if not reason:
-                near = kept_index.most_similar(shingles, options.near_duplicate_threshold)
-                reason, detail = ("near_duplicate", f"{near[0]} ({near[1]:.2f})") if near else ("", "")
             if reason:
                 report.count(program.family, reason)
-                rows.append(_dropped_row(program, reason, detail))
+                dropped.write([_dropped_row(program, reason, detail)])
                 continue
             kept_index.add(program.digest, shingles)
-            kept.append(program)
-    dropped.write(rows)
-    return kept
-
-
-def _verify(rows: list[dict], options: SynthesisOptions) -> list[tuple[dict, Any]]:
-    """Captured rows judged as the data stage judges pairs (its verdicts cached the same way, so a
-    later ``prepare_data.py`` on this machine does not judge them again)."""
-    from ...config import VerifierConfig
-    from ..kernelbook import normalise_row
-    from ..pair_verification import verify_pairs
-
-    config = VerifierConfig(device=options.verify_device, workers=options.verify_workers)
-    verdicts = verify_pairs([normalise_row(row) for row in rows], config, progress=False)
-    return list(zip(rows, verdicts))
+            yield program
 
 
 def synthesize(options: SynthesisOptions) -> SynthesisReport:
@@ -250,10 +236,10 @@ def synthesize(options: SynthesisOptions) -> SynthesisReport:
         _write_report(options.out, report, started, previous_runs)
 
     try:
-        todo = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out)
+        screened = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out)
         deadline = started + options.max_minutes * 60 if options.max_minutes > 0 else None
         outputs = _Outputs(kept_out, dropped_out, captured_out, write_report)
-        _run(todo, [row for sha, row in waiting.items() if sha in by_digest], options, report, outputs, by_digest,
+        _run(screened, [row for sha, row in waiting.items() if sha in by_digest], options, report, outputs, by_digest,
              deadline)
     finally:
         for handle in (kept_out, dropped_out, captured_out):
@@ -288,96 +274,157 @@ class _Outputs:
     write_report: Callable[[], None]
 
 
-def _run(todo: list[Program], waiting: list[dict], options: SynthesisOptions, report: SynthesisReport,
+def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions, report: SynthesisReport,
          outputs: _Outputs, by_digest: dict[str, Program], deadline: Optional[float]) -> None:
-    """Captures in worker processes feed a verifier thread through a queue; rows captured by an
-    earlier run go to the verifier first."""
-    workers = options.capture_workers or max(1, min(12, (os.cpu_count() or 2) // 2))
-    captured: "queue.Queue[Optional[dict]]" = queue.Queue()
-    kept_out, dropped_out, write_report = outputs.kept, outputs.dropped, outputs.write_report
-    for row in waiting:
-        captured.put(row)
+    """Captures in worker processes; each captured row goes to one verifier session as soon as it
+    exists (rows captured by an earlier run first), a few slots' worth ahead at most, so the
+    verifier never waits for a batch to fill and never builds references far ahead of its slots."""
+    from ...config import VerifierConfig
+    from ..kernelbook import normalise_row
+    from ..pair_verification import PairVerification
+
+    workers = options.capture_workers or max(1, min(8, (os.cpu_count() or 2) // 2))
+    lock = threading.Lock()
+    queued: "deque[dict]" = deque(waiting)  # captured, not yet handed to the verifier
+    in_flight = [0]
+    stopping = threading.Event()  # past the deadline: verdicts no longer counted, rows stay captured
     bar = None
     if options.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(todo), desc="synthesize", unit="program", mininterval=1.0)
+        bar = tqdm(desc="synthesize", unit="program", mininterval=1.0)
 
     def drop(program: Program, reason: str, detail: str = "") -> None:
         report.count(program.family, reason)
-        dropped_out.write([_dropped_row(program, reason, detail)])
+        outputs.dropped.write([_dropped_row(program, reason, detail)])
 
-    def verifier() -> None:
-        batch: list[dict] = []
-        finished = False
-        while not finished:
-            item = captured.get()
-            if item is None:
-                finished = True
-            else:
-                batch.append(item)
-            if deadline is not None and time.time() > deadline:
-                # Past the deadline captured rows wait in captured.jsonl for the next run.
+    config = VerifierConfig(device=options.verify_device, workers=options.verify_workers)
+    verification = PairVerification(config, expected=len(by_digest))
+    ahead = max(8, 3 * verification_slots(config))
+    verify_started = time.time()
+
+    last_report = [0.0]
+
+    def record(row: dict, future) -> None:
+        with lock:
+            in_flight[0] -= 1
+            if stopping.is_set() or future.cancelled():
+                return
+            program = by_digest[row["sha"]]
+            error = future.exception()
+            if error is not None:  # the verifier itself failed: the row stays captured for a rerun
                 report.stopped_early = True
-                batch = []
-                continue
-            if batch and (finished or len(batch) >= options.verify_batch or captured.empty() and len(batch) >= 8):
-                verify_started = time.time()
-                verdicts = _verify(batch, options)
-                report.verify_seconds += time.time() - verify_started
-                for row, result in verdicts:
-                    program = by_digest[row["sha"]]
-                    if result.correct:
-                        row["verified"] = {"device": result.device, "stage": result.stage,
-                                           "isolation": result.isolation}
-                        kept_out.write([row])
-                        report.pairs_built += 1
-                        report.count(program.family, "kept")
-                    else:
-                        drop(program, f"verify_{result.stage}", (result.error or "")[:200])
-                batch = []
-                write_report()
+                stopping.set()
+                print(f"synthesis: verifier failed: {error}", file=sys.stderr)
+                return
+            verdict = future.result()
+            if verdict.correct:
+                row["verified"] = {"device": verdict.device, "stage": verdict.stage, "isolation": verdict.isolation}
+                outputs.kept.write([row])
+                report.pairs_built += 1
+                report.count(program.family, "kept")
+            else:
+                drop(program, f"verify_{verdict.stage}", (verdict.error or "")[:200])
+            if time.time() - last_report[0] > 10:  # the report counts the file's lines: not per verdict
+                last_report[0] = time.time()
+                report.verify_seconds = time.time() - verify_started
+                outputs.write_report()
 
-    verifying = threading.Thread(target=verifier, daemon=True)
-    verifying.start()
-    pending: dict[Future, Program] = {}
-    remaining = list(todo)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                             initializer=_init_worker) as pool:
-        while remaining or pending:
+    def on_verdict(row: dict):
+        def finished(future) -> None:
+            record(row, future)
+            feed()
+
+        return finished
+
+    def feed() -> None:
+        """Hand queued rows to the verifier while fewer than ``ahead`` are waiting or running."""
+        while True:
+            with lock:
+                if stopping.is_set() or not queued or in_flight[0] >= ahead:
+                    return
+                row = queued.popleft()
+                in_flight[0] += 1
+            future = verification.submit_many([normalise_row(row)])[0]
+            if future.done():  # a cached verdict: recorded here, not by a callback that feeds again
+                record(row, future)
+            else:
+                future.add_done_callback(on_verdict(row))
+
+    try:
+        feed()
+        pending: dict[Future, Program] = {}
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
+                                 initializer=_init_worker) as pool:
+            exhausted = False
+            while not exhausted or pending:
+                if deadline is not None and time.time() > deadline:
+                    report.stopped_early = True  # what has not started runs in the next call
+                    exhausted = True
+                    for future in list(pending):
+                        if future.cancel():
+                            pending.pop(future)
+                while not exhausted and len(pending) < 2 * workers and not stopping.is_set():
+                    program = next(todo, None)
+                    if program is None:
+                        exhausted = True
+                    else:
+                        pending[pool.submit(_capture_in_worker, program)] = program
+                if not pending:
+                    break
+                finished, _ = wait(list(pending), timeout=5.0, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    program = pending.pop(future)
+                    report.tried += 1
+                    if bar is not None:
+                        bar.update(1)
+                    try:
+                        outcome = future.result()
+                    except Exception as exc:  # noqa: BLE001 - a dead worker loses one program, not the run
+                        with lock:
+                            drop(program, "capture_crashed", type(exc).__name__)
+                        continue
+                    report.capture_seconds += outcome["seconds"]
+                    if outcome["ok"]:
+                        report.captured += 1
+                        outputs.captured.write([outcome["row"]])
+                        with lock:
+                            queued.append(outcome["row"])
+                    else:
+                        with lock:
+                            drop(program, outcome["reason"], outcome["detail"])
+                feed()
+        # Every program is captured: wait for the verdicts, or stop at the deadline.
+        while True:
+            feed()
+            with lock:
+                if in_flight[0] == 0 and (not queued or stopping.is_set()):
+                    break
             if deadline is not None and time.time() > deadline:
-                report.stopped_early = True  # what has not started runs in the next call
-                remaining = []
-                for future in list(pending):
-                    if future.cancel():
-                        pending.pop(future)
-            while remaining and len(pending) < 2 * workers:
-                program = remaining.pop(0)
-                pending[pool.submit(_capture_in_worker, program)] = program
-            if not pending:
+                report.stopped_early = True
                 break
-            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-            for future in finished:
-                program = pending.pop(future)
-                report.tried += 1
-                if bar is not None:
-                    bar.update(1)
-                try:
-                    outcome = future.result()
-                except Exception as exc:  # noqa: BLE001 - a dead worker loses one program, not the run
-                    drop(program, "capture_crashed", type(exc).__name__)
-                    continue
-                report.capture_seconds += outcome["seconds"]
-                if outcome["ok"]:
-                    report.captured += 1
-                    outputs.captured.write([outcome["row"]])
-                    captured.put(outcome["row"])
-                else:
-                    drop(program, outcome["reason"], outcome["detail"])
-    captured.put(None)
-    verifying.join()
-    if bar is not None:
-        bar.close()
+            time.sleep(0.5)
+    finally:
+        # Past the deadline what waits is cancelled and what runs is stopped; their rows stay in
+        # captured.jsonl and are verified by the next run.
+        stop = report.stopped_early or stopping.is_set() or in_flight[0] > 0
+        with lock:
+            if stop:
+                stopping.set()
+        verification.close(stop=stop)
+        report.verify_seconds = time.time() - verify_started
+        if bar is not None:
+            bar.close()
+
+
+def verification_slots(config) -> int:
+    """The verifier's worker slots under ``config`` (as its session will choose them)."""
+    from ...verify.parent.device_pool import DevicePool
+
+    try:
+        return DevicePool(config.device, config.workers).size
+    except Exception:  # noqa: BLE001 - no device: the session says so when it starts
+        return 1
 
 
 def format_report(report: SynthesisReport) -> str:
