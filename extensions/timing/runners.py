@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import flatten_tensors
+from extensions.timing.tensors import flatten_tensors, plain_output
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -174,6 +174,9 @@ class _LiveInputs:
     def count(self) -> int:
         return len(self.input_sets)
 
+    # The live buffers were in the candidate's hands, which may have given them instance attributes
+    # (``x.copy_ = f``): they are written and read through torch's own methods, called unbound, so
+    # nothing the candidate attached runs between timed calls.
     def load(self, index: int) -> None:
         import torch
 
@@ -181,7 +184,7 @@ class _LiveInputs:
         if self.copies_into_fixed_buffers:
             for position, value in enumerate(source):
                 if isinstance(value, torch.Tensor):
-                    self.args[position].copy_(value)
+                    torch._C.TensorBase.copy_(self.args[position], value)
                 else:
                     self.args[position] = value
         else:
@@ -191,7 +194,7 @@ class _LiveInputs:
     def data_pointers(self) -> set[int]:
         import torch
 
-        return {x.data_ptr() for x in self.args if isinstance(x, torch.Tensor)}
+        return {torch._C.TensorBase.data_ptr(x) for x in self.args if isinstance(x, torch.Tensor)}
 
 
 class _RunnerBase:
@@ -234,7 +237,12 @@ class _RunnerBase:
             return self.models[role](*self.inputs.args)
 
     def _keep_output(self, role: str, output: Any) -> bool:
-        """Stores the output; returns whether a candidate returned a still-held earlier storage."""
+        """Stores the output; returns whether a candidate returned a still-held earlier storage.
+
+        The output is first replaced by plain aliases of torch's own tensor types (``plain_output``;
+        another type raises): its reuse check, fingerprint and comparison then call nothing the
+        model's code defined, and no such code runs after the timed region."""
+        output = plain_output(output)
         reused = False
         if role == CANDIDATE:
             earlier = {t.data_ptr() for t in flatten_tensors(self._previous[CANDIDATE])}

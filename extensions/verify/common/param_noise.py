@@ -13,7 +13,8 @@ value (``numel:value``). The noise for a key is drawn from the batch's secret se
 alone, so every tensor of that key gets the same values (in row-major order) in either model,
 whatever their order or names. The candidate side touches only keys the reference perturbed,
 and looks at its parameters, buffers and plain tensor attributes of its modules (an honest
-kernel may hold LayerNorm's weight as any of these).
+kernel may hold LayerNorm's weight as any of these), read through nn.Module's tables without
+calling any of the candidate's methods (``model_tensors.py``).
 
 Values stay near the original (``v + max(|v|, 1) * u``, ``u`` in [-0.5, 0.5)): ones stay
 positive, zeros become small signed numbers, so a variance-like parameter keeps its sign.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any, Iterable
+
+from .model_tensors import module_tensors
 
 
 def _key(tensor) -> str | None:
@@ -58,19 +61,6 @@ def _noise(seed: int, key: str, like) -> Any:
     return values.to(dtype=like.dtype).reshape(like.shape).to(like.device)
 
 
-def _candidate_tensors(model) -> Iterable:
-    import torch
-
-    seen: set[int] = set()
-    for module in model.modules():
-        owned = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
-        owned += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
-        for tensor in owned:
-            if id(tensor) not in seen:
-                seen.add(id(tensor))
-                yield tensor
-
-
 def apply_parameter_noise(model, seed: int, keys: Iterable[str], reference: bool) -> int:
     """Replace the values of ``model``'s tensors whose key is in ``keys``: the parameters of a
     reference model, or (``reference=False``) every parameter, buffer and tensor attribute of a
@@ -80,7 +70,8 @@ def apply_parameter_noise(model, seed: int, keys: Iterable[str], reference: bool
     wanted = set(keys)
     if not wanted:
         return 0
-    tensors = list(model.parameters()) if reference else list(_candidate_tensors(model))
+    # The candidate's model is read through nn.Module's tables, never its (overridable) methods.
+    tensors = list(model.parameters()) if reference else module_tensors(model, attributes=True)
     changed = 0
     with torch.no_grad():
         for tensor in tensors:

@@ -118,19 +118,25 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
     """``inputs``' values in the tensor objects of the previous set when every tensor has the same
     shape, dtype, device and strides (and the other arguments are equal): a forward that keys a
     cache on the tensors' identity or address (``id(x)``, ``x.data_ptr()``) then answers a new set
-    with an old output. Otherwise ``inputs`` itself."""
+    with an old output. Otherwise ``inputs`` itself.
+
+    The previous tensors were in the candidate's hands, which may have given them instance
+    attributes (``x.copy_ = f``): they are read and written through torch's own methods, called
+    unbound, so nothing the candidate attached runs here, outside the audited call."""
     import torch
 
+    base = torch._C.TensorBase
     if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
         return inputs
     for old, new in zip(previous, inputs):
-        if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
-            if (old.shape, old.dtype, old.device, old.stride()) != (new.shape, new.dtype, new.device, new.stride()):
+        if type(old) is torch.Tensor and type(new) is torch.Tensor:
+            if (old.shape, old.dtype, old.device, base.stride(old)) != (new.shape, new.dtype, new.device,
+                                                                       base.stride(new)):
                 return inputs
         elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor) or type(old) is not type(new) or old != new:
             return inputs
     with torch.no_grad():
         for old, new in zip(previous, inputs):
-            if isinstance(old, torch.Tensor):
-                old.copy_(new)
+            if type(old) is torch.Tensor:
+                base.copy_(old, new)
     return previous

@@ -74,6 +74,8 @@ def _write_json(name: str, data: dict) -> None:
 
 
 def _storages(value: Any) -> set[int]:
+    """Storage addresses of the tensors in ``value``, which holds the harness's plain aliases only
+    (``plain_output``, ``module_tensors``): nothing of the candidate's is called here."""
     import torch
 
     from extensions.timing.tensors import flatten_tensors
@@ -179,8 +181,15 @@ def _poison_allocator(output) -> None:
 
 def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: str, audit,
             order=None) -> dict:
+    """Run forward on one input set under the audit. What it returned, the inputs after the call
+    and the model's weights are read afterwards only through plain aliases of torch's own tensor
+    types (``plain_output``, ``module_tensors``): a method the candidate gave a tensor or a module
+    never runs outside the audited call."""
     import torch
 
+    from extensions.timing.tensors import ForeignTensorType, plain_output
+
+    from ..common.model_tensors import module_tensors
     from ..common.tensor_io import TensorIOError, pack, save_tensors
 
     status: dict[str, Any] = {"ok": False}
@@ -200,32 +209,40 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
+        output = plain_output(output)
         flags = list(report.flags)
         if set_spec.get("repeat"):
             _poison_allocator(output)
             with torch.no_grad(), audit.forward() as again:
                 repeat = model(*inputs)
             torch.cuda.synchronize()
+            repeat = plain_output(repeat)
             flags += [f for f in again.flags if f not in flags]
+        inputs_after = plain_output(list(inputs), "input")
+        weights = module_tensors(model)
+    except ForeignTensorType as exc:
+        status["error"] = f"forward returned or holds a tensor the verifier cannot read: {exc}"
+        status["flags"] = list(report.flags)
+        return status
     except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate included
         status["error"] = short_error(exc)
         return status
     finally:
         if order is not None:
             order.shuffled = False
-    input_storages = _storages(inputs)
+    input_storages = _storages(inputs_after)
     output_storages = _storages(output)
     if output_storages & input_storages:
         flags.append("output_aliases_input")
     if output_storages - report.kernel_storages:
         flags.append("output_not_from_kernel")
-    weight_storages = _storages(list(model.parameters()) + list(model.buffers()))
+    weight_storages = _storages(weights)
     if output_storages & weight_storages:
         flags.append("output_aliases_weight")
     out_tensors: dict[str, Any] = {}
     try:
         out_spec = pack(output, "out", out_tensors)
-        in_spec = pack(list(inputs), "in", out_tensors)
+        in_spec = pack(inputs_after, "in", out_tensors)
         if repeat is not None:
             status["output_repeat"] = pack(repeat, "again", out_tensors)
     except TensorIOError as exc:
@@ -323,13 +340,14 @@ def _snapshot(device: str):
 
     from extensions.timing import tensors as output_tensors
 
-    from ..common import compare, param_noise, precision, tensor_io
+    from ..common import compare, model_tensors, param_noise, precision, tensor_io
     from ..static import policy, triton_api, value_api
     from . import audit, handed_files, integrity, interpreter_compat
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, param_noise,
-               policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module, json.encoder]
+    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, model_tensors,
+               param_noise, policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module,
+               json.encoder]
     for prefix in _COVERED_PACKAGES:
         modules += [module for name, module in sorted(sys.modules.items())
                     if name.startswith(prefix) and module is not None]

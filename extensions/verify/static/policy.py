@@ -285,12 +285,16 @@ ALLOWED_CONTEXT_MANAGERS = frozenset({
     "torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.cuda.device",
     "torch.device",
 })
-# Base classes a candidate's classes may derive from, besides its own classes and torch.nn classes.
+# Base classes a candidate's classes may derive from, besides its own classes and the torch.nn
+# classes that are nn.Module subclasses (``nn_module_class``). Never a tensor type (torch.Tensor,
+# nn.Parameter, nn.Buffer, ...: ``tensor_type``): the verifier reads outputs and parameters after
+# forward returns, and a method a tensor subclass overrides would run there, outside every audit.
 ALLOWED_BASE_CLASSES = frozenset({"object", "torch.nn.Module", "torch.autograd.Function",
                                   "typing.NamedTuple"})
 
 # Methods of nn.Module that the harness calls (moving, loading, iterating the model): a candidate
-# class may not redefine them, or its code runs outside forward and __init__.
+# class may not redefine them (by a def or a class-body binding), and no object may get an
+# attribute of such a name, or its code runs outside forward and __init__.
 NN_MODULE_RESERVED_METHODS = frozenset("""
     add_module apply bfloat16 buffers children compile cpu cuda double eval float get_buffer
     get_extra_state get_parameter get_submodule half ipu load_state_dict modules mtia
@@ -303,7 +307,17 @@ NN_MODULE_RESERVED_METHODS = frozenset("""
     _apply _call_impl _get_backward_hooks _get_backward_pre_hooks _get_name _load_from_state_dict
     _maybe_warn_non_full_backward_hook _named_members _register_load_state_dict_pre_hook
     _register_state_dict_hook _replicate_for_data_parallel _save_to_state_dict _slow_forward
-    _wrapped_call_impl
+    _wrapped_call_impl _compiled_call_impl
+""".split())
+
+# nn.Module's own state (``vars(nn.Module())``): the parameter, buffer and submodule tables the
+# verifier walks and the hook tables. A candidate may neither replace nor read them: they are never
+# "its own" private names, whatever it assigns.
+NN_MODULE_STATE = frozenset("""
+    _backward_hooks _backward_pre_hooks _buffers _forward_hooks _forward_hooks_always_called
+    _forward_hooks_with_kwargs _forward_pre_hooks _forward_pre_hooks_with_kwargs
+    _is_full_backward_hook _load_state_dict_post_hooks _load_state_dict_pre_hooks _modules
+    _non_persistent_buffers_set _parameters _state_dict_hooks _state_dict_pre_hooks _version
 """.split())
 
 # Tensor methods that hand tensor data to Python (computing on it there is invisible to every
@@ -372,6 +386,65 @@ def names_module(qualified: str) -> bool:
     except Exception:  # noqa: BLE001 - an unknown name is simply not a module
         return False
     return isinstance(obj, types.ModuleType)
+
+
+def _installed_class(qualified: str):
+    """The class ``qualified`` (rooted at an allowed import) names at run time, or None."""
+    parts = qualified.split(".")
+    if parts[0] not in _IMPORTABLE_ROOTS:
+        return None
+    try:
+        obj = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001 - an unknown name is simply not a class
+        return None
+    return obj if isinstance(obj, type) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def nn_module_class(qualified: str) -> bool:
+    """Whether ``qualified`` is ``torch.nn.<Name>`` naming an nn.Module subclass (``nn.Linear``,
+    ``nn.ModuleList``); looked up on the installed torch. ``nn.Parameter``, ``nn.Buffer`` and the
+    other non-module classes of ``torch.nn`` are not."""
+    parts = qualified.split(".")
+    if len(parts) != 3 or parts[:2] != ["torch", "nn"] or not parts[2][:1].isupper():
+        return False
+    cls = _installed_class(qualified)
+    try:
+        import torch.nn
+    except ImportError:  # no torch to ask: only nn.Module itself
+        return qualified == "torch.nn.Module"
+    return cls is not None and issubclass(cls, torch.nn.Module)
+
+
+@functools.lru_cache(maxsize=1024)
+def tensor_type(qualified: str) -> bool:
+    """Whether ``qualified`` names ``torch.Tensor`` or a subclass of it (``nn.Parameter``,
+    ``nn.Buffer``, ``nn.UninitializedParameter``, ...); looked up on the installed torch."""
+    cls = _installed_class(qualified)
+    try:
+        import torch
+    except ImportError:
+        return qualified in ("torch.Tensor", "torch.nn.Parameter")
+    return cls is not None and issubclass(cls, torch.Tensor)
+
+
+@functools.lru_cache(maxsize=4096)
+def shadows_tensor_method(name: str) -> bool:
+    """Whether an instance attribute ``name`` would hide a method of a tensor (``detach``, ``cpu``,
+    ``numel``, ``copy_``): methods are looked up on the instance first, properties (``shape``,
+    ``dtype``) are not."""
+    if name.startswith("__"):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return name in TENSOR_METHOD_NAMES
+    for cls in torch.Tensor.__mro__[:-1]:  # not object's
+        if name in vars(cls):
+            return not hasattr(type(vars(cls)[name]), "__set__")
+    return False
 
 
 # torch.Tensor.<name>: its methods and properties, never what hands out another kind of value

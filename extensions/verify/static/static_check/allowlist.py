@@ -176,6 +176,18 @@ class AllowList:
         is_static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in scope.decorator_list)
         return bool(params) and not is_static and params[0].arg == node.id
 
+    def _is_autograd_context(self, node: ast.expr) -> bool:
+        """``ctx``: the first parameter of a static method of a torch.autograd.Function subclass."""
+        if not isinstance(node, ast.Name):
+            return False
+        scope = self.scopes.scope_of(node)
+        owner = self.index.parents.get(scope)
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(owner, ast.ClassDef):
+            return False
+        params = scope.args.posonlyargs + scope.args.args
+        return bool(params) and params[0].arg == node.id and any(
+            q == "torch.autograd.Function" for base in owner.bases for q in self.index.resolve(base))
+
     def _own_names(self) -> frozenset[str]:
         """Attribute names the module defines: stored on any object, bound in a class body (fields,
         class attributes), methods of its classes."""
@@ -211,6 +223,16 @@ class AllowList:
                                f"assigning {node.attr} of module-level {_short(node.value)}")
         elif node.attr in _KERNEL_OBJECT_ATTRIBUTES and not isinstance(node.value, ast.Name):
             self.findings.flag("forbidden_api", node, f"assigning '{node.attr}' of {_short(node.value)}")
+        # An instance attribute hides the method of its class: the harness's model.parameters() or
+        # output.detach() would call the candidate's function, after forward and outside the audit.
+        module_method = node.attr in policy.NN_MODULE_RESERVED_METHODS
+        tensor_method = policy.shadows_tensor_method(node.attr) and not self._is_own_instance(node.value) \
+            and not self._is_autograd_context(node.value)
+        if module_method or tensor_method:
+            kind = " and ".join(k for k, hit in (("nn.Module", module_method), ("tensor", tensor_method)) if hit)
+            self.findings.flag("forbidden_api", node,
+                               f"assigning {_short(node.value)}.{node.attr} would hide the {kind} method "
+                               f"{node.attr}() that the harness calls after forward")
 
     def _statement_of(self, node: ast.AST) -> ast.AST:
         current = node
@@ -250,7 +272,7 @@ class AllowList:
                 own |= {item.name for item in node.body
                         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and item.name.startswith("_") and not item.name.startswith("__")}
-        return own - policy.NN_MODULE_RESERVED_METHODS
+        return own - policy.NN_MODULE_RESERVED_METHODS - policy.NN_MODULE_STATE
 
     def _check_import_from(self, node: ast.ImportFrom) -> None:
         if not node.module or node.level or not policy.import_allowed(node.module):
@@ -307,7 +329,11 @@ class AllowList:
             self.findings.flag("hidden_code", node,
                                f"class keyword '{keyword.arg or '**'}' (metaclasses run code)")
         for base in node.bases:
-            if not self._base_allowed(base):
+            if any(policy.tensor_type(q) for q in self.index.resolve(base) if not q.startswith(LOCAL_MARK)):
+                self.findings.flag("forbidden_api", base,
+                                   f"base class {_short(base)} is a tensor type (its methods would run "
+                                   "when the verifier reads outputs and parameters, outside the audit)")
+            elif not self._base_allowed(base):
                 self.findings.flag("forbidden_api", base, f"base class {_short(base)} is not allowed")
         for decorator in node.decorator_list:
             self._check_decorator(decorator)
@@ -315,6 +341,10 @@ class AllowList:
             if not _class_body_statement_allowed(statement):
                 self.findings.flag("hidden_code", statement,
                                    f"class body of {node.name} runs code ({_short(statement)})")
+            for name in _class_body_bindings(statement):
+                if name in policy.NN_MODULE_RESERVED_METHODS:
+                    self.findings.flag("forbidden_api", statement,
+                                       f"redefining nn.Module.{name} (the harness calls it)")
 
     def _base_allowed(self, base: ast.expr) -> bool:
         if isinstance(base, ast.Name) and not self.scopes.is_bound(base.id, base):
@@ -437,9 +467,21 @@ class AllowList:
 
 
 def _is_base_class_name(q: str) -> bool:
-    parts = q.split(".")
-    return q in policy.ALLOWED_BASE_CLASSES or (
-        len(parts) == 3 and parts[:2] == ["torch", "nn"] and parts[2][:1].isupper())
+    """``object``, ``typing.NamedTuple``, ``torch.autograd.Function`` or an nn.Module class of
+    ``torch.nn`` (never ``nn.Parameter``, ``nn.Buffer`` or another non-module class)."""
+    return q in policy.ALLOWED_BASE_CLASSES or policy.nn_module_class(q)
+
+
+def _class_body_bindings(statement: ast.stmt) -> list[str]:
+    """Names a class-body statement binds as class attributes (``parameters = helper``)."""
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+        targets = [statement.target]
+    else:
+        return []
+    return [n.id for target in targets for n in ast.walk(target)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
 
 
 def _returns_tuples(values: list[Optional[ast.expr]]) -> bool:

@@ -38,7 +38,9 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "private_access": "a private or dunder name or attribute (only __init__ and the module's own "
                       "_names), frame/code/class-graph attributes, str.format field access",
     "forbidden_api": "an attribute chain outside the public kernel-writing API of torch/triton, a "
-                     "context manager, base class or assignment outside the allow-list",
+                     "context manager, base class (a tensor type among them) or assignment outside "
+                     "the allow-list, a redefined nn.Module method, an attribute hiding an "
+                     "nn.Module or tensor method",
     "hidden_code": "code that runs without being called by name: decorators outside the "
                    "allow-list, calls in default arguments or class bodies, class keywords",
     "unsafe_grid": "a launch grid that is not a tuple or a function returning tuples",
