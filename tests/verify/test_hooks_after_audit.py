@@ -56,7 +56,8 @@ HONEST_RELU = textwrap.dedent("""
     def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(y_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+        x = tl.load(x_ptr + offs, mask=mask)
+        tl.store(y_ptr + offs, tl.where(x > 0, x, 0.0), mask=mask)
 
 
     class _Launch(torch.autograd.Function):

@@ -52,7 +52,7 @@ RELU = textwrap.dedent("""
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask)
-        tl.store(y_ptr + offs, tl.maximum(x, 0.0), mask=mask)
+        tl.store(y_ptr + offs, tl.where(x > 0, x, 0.0), mask=mask)
 
     class ModelNew(nn.Module):
         def __init__(self):
@@ -65,7 +65,7 @@ RELU = textwrap.dedent("""
             return y
 """)
 
-WRONG = RELU.replace("tl.maximum(x, 0.0)", "tl.abs(x)")
+WRONG = RELU.replace("tl.where(x > 0, x, 0.0)", "tl.abs(x)")
 STATIC_CHEAT = RELU.replace("import torch\n", "import torch\nimport subprocess\n", 1)
 OTHER_PROBLEM = PROBLEM.replace("dim = 40", "dim = 24")
 
