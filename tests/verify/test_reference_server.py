@@ -163,3 +163,27 @@ def test_cuda_slots_scale_with_cores_and_gpu_memory_within_two_to_eight_per_gpu(
     assert default_cuda_slots(8, 256, 80) == 64
     assert default_cuda_slots(8, 96, 40) == 32  # 40 GB cards: four per GPU
     assert default_cuda_slots(1, 16, 24) == 2
+
+
+def test_a_reference_that_ran_out_of_memory_is_built_again_alone(tmp_path):
+    """Beside other slots' candidates a large problem's reference may not fit on the GPU: it is
+    built once more with the device to itself, and the problem is judged, not left out."""
+    marker = tmp_path / "failed-once"
+    # Every call fails in the first process that builds it (as a full GPU would), none after.
+    flaky = SCALE.replace("def forward(self, x):\n", "def forward(self, x):\n"
+                          f"        import os\n"
+                          f"        if not os.path.exists({str(marker)!r}):\n"
+                          f"            open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                          f"        if open({str(marker)!r}).read() == str(os.getpid()):\n"
+                          f"            raise RuntimeError('CUDA out of memory. Tried to allocate 5.00 GiB')\n", 1)
+    for reuse in (False, True):
+        marker.unlink(missing_ok=True)
+        preparer = ProblemPreparer(_config(), "cpu", str(tmp_path), _DevicePool("cpu", 1), reuse_processes=reuse)
+        try:
+            prepared = preparer.prepare(flaky)
+        finally:
+            preparer.close()
+        assert marker.exists() and prepared.ok, prepared.error
+    # Any other failure is the problem's verdict at once.
+    broken = ProblemPreparer(_config(), "cpu", str(tmp_path), _DevicePool("cpu", 1)).prepare(RAISES)
+    assert not broken.ok and "broken reference" in broken.error

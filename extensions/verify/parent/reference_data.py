@@ -111,6 +111,12 @@ class _Built:
     error: str = ""
 
 
+def _out_of_memory(built: "_Built") -> bool:
+    """A reference that failed for memory (CUDA's allocator, or torch's own error on any device)."""
+    text = built.error.lower()
+    return not built.ok and not built.timed_out and ("out of memory" in text or "outofmemoryerror" in text)
+
+
 class ReferenceServer:
     """A reference process kept for one problem after another (``reference_worker --serve``):
     a job goes in as a line on its stdin, the answer comes back as a file in the job's folder, and a
@@ -231,9 +237,14 @@ class ProblemPreparer:
         secret = draw_secret()
         # The reference runs several input sets and variations: a few timeouts' worth.
         deadline = time.monotonic() + 3 * cfg.timeout_s
+        build = self._build_in_server if self.reuse_processes else self._build_in_own_process
         with self.pool.gate(gpu).shared():  # never while a candidate is timed on this GPU
-            build = self._build_in_server if self.reuse_processes else self._build_in_own_process
             built = build(job_dir, secret, gpu, deadline)
+        if _out_of_memory(built) and not self._aborted:
+            # Beside the other slots' candidates a large problem's reference may not fit; once
+            # more with the device to itself, so the problem is judged rather than left out.
+            with self.pool.gate(gpu).exclusive():
+                built = build(job_dir, secret, gpu, time.monotonic() + 3 * cfg.timeout_s)
         seconds = time.monotonic() - started
         prepared_path = os.path.join(job_dir, "prepared.json")
         if built.timed_out:
