@@ -180,6 +180,7 @@ class VerifierSession:
         self._problems: dict[str, Future] = {}
         self._waiting: dict[str, int] = {}  # a problem's candidates not yet judged
         self._closed = False
+        self._stopping = False  # close(stop=True): verdicts still arriving are not verdicts
         self._progress = progress
         self._bar = None
 
@@ -299,7 +300,10 @@ class VerifierSession:
             result = self._judge(item, launcher)
         finally:
             self._problem_done(item.key[0])
-        future.set_result(result)
+        if self._stopping:  # judged while its worker and reference were being killed: no verdict
+            future.set_exception(VerifierError("the verifier session was stopped before this verdict"))
+        else:
+            future.set_result(result)
 
     def _judge(self, item: _Screened, launcher) -> VerifyResult:
         from .parent.judge import judge_candidate
@@ -340,11 +344,13 @@ class VerifierSession:
 
     def close(self, *, stop: bool = False) -> None:
         """Wait for every submitted candidate (``stop``: cancel the queued ones and kill the running
-        ones instead), then end every process and remove every file of the session."""
+        ones instead; their futures are cancelled or raise ``VerifierError``, never a verdict made
+        while the processes were killed), then end every process and remove every file."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._stopping = stop
         try:
             if stop:
                 self.preparer.abort()

@@ -99,3 +99,40 @@ def test_cli_without_cuda_says_so_in_one_line(tmp_path):
                               "--modules", str(tmp_path / "nope.py")], cwd=PROJECT_ROOT, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "file not found" in missing.stderr
+
+
+def _recorded_options(out, **overrides) -> SynthesisOptions:
+    from synthesis_support import FAMILIES_RECORDED, recorded_capture
+
+    settings = dict(out=out, count=3, families=FAMILIES_RECORDED, verify_device="cpu", progress=False,
+                    capture_workers=1, capture=recorded_capture)
+    return SynthesisOptions(**{**settings, **overrides})
+
+
+def test_captures_stream_into_the_verifier_and_every_program_is_accounted_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_RL_VERIFY_CACHE", str(tmp_path / "verdicts.jsonl"))  # judged here, not recalled
+    out = tmp_path / "pairs.jsonl"
+    report = synthesize(_recorded_options(out))
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    dropped = [json.loads(line) for line in dropped_path(out).read_text().splitlines()]
+    captured = captured_path(out).read_text().splitlines()
+    assert report.tried == report.captured == len(captured) > 0
+    assert report.pairs_built == len(kept) == report.captured  # the recorded captures are correct pairs
+    assert all(r["verified"]["device"] == "cpu" for r in kept)
+    assert len(kept) + len(dropped) == report.programs == 3  # kept, or dropped with a reason
+    assert not report.stopped_early
+
+
+def test_a_deadline_leaves_captures_waiting_and_the_next_run_finishes_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_RL_VERIFY_CACHE", str(tmp_path / "verdicts.jsonl"))
+    out = tmp_path / "pairs.jsonl"
+    # Past the deadline before the first verdict: what was captured waits in captured.jsonl.
+    first = synthesize(_recorded_options(out, max_minutes=1e-4))
+    assert first.stopped_early and first.pairs_built == 0
+    second = synthesize(_recorded_options(out))
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    dropped = [json.loads(line) for line in dropped_path(out).read_text().splitlines()]
+    assert not second.stopped_early
+    assert len({r["sha"] for r in kept}) == len(kept)  # nothing judged twice into the file
+    assert len(kept) + len(dropped) == 3 and second.pairs_built == len(kept) > 0
+    assert second.tried == 3 - first.captured - len(dropped)  # captures are not made again

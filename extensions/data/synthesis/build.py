@@ -52,6 +52,9 @@ class SynthesisOptions:
     verify_workers: int = 0  # verifier slots; 0: the verifier's own default
     max_minutes: float = 0.0  # stop starting new work after this long (0: no limit); rerun resumes
     verify_device: str = "cuda"  # where captured pairs are judged (cpu: the interpreter, for tests)
+    # Program -> Captured, run in the capture processes (a module-level function); None: inductor
+    # on the CUDA device (``capture.capture``). Tests put recorded captures here.
+    capture: Optional[Callable[[Program], Any]] = None
     progress: bool = True
 
 
@@ -171,10 +174,11 @@ def _dropped_row(program: Program, reason: str, detail: str = "") -> dict[str, s
     return {"digest": program.digest, "name": program.name, "reason": reason, "detail": detail}
 
 
-def _capture_in_worker(program: Program) -> dict[str, Any]:
-    from .capture import capture
+def _capture_in_worker(program: Program, capture_fn: Optional[Callable[[Program], Any]] = None) -> dict[str, Any]:
+    if capture_fn is None:
+        from .capture import capture as capture_fn
 
-    result = capture(program)
+    result = capture_fn(program)
     return {"ok": result.ok, "reason": result.reason, "detail": result.detail, "row": result.row,
             "seconds": result.seconds}
 
@@ -369,7 +373,7 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
                     if program is None:
                         exhausted = True
                     else:
-                        pending[pool.submit(_capture_in_worker, program)] = program
+                        pending[pool.submit(_capture_in_worker, program, options.capture)] = program
                 if not pending:
                     break
                 finished, _ = wait(list(pending), timeout=5.0, return_when=FIRST_COMPLETED)
