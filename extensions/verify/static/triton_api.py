@@ -3,9 +3,11 @@ language (``tl.*``) and its math libraries, reached only along the namespaces th
 from __future__ import annotations
 
 
-# The public kernel-writing API of triton.
+# The public kernel-writing API of triton. ``set_allocator`` gives Triton the scratch memory that
+# tensor descriptors (``tl.make_tensor_descriptor``) need on the GPU; Triton calls it at launch,
+# inside the audited forward and the timed region.
 TRITON_API = frozenset({
-    "jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language",
+    "jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language", "set_allocator",
     "OutOfResources", "CompilationError",
 })
 # triton.language (tl.*) names: functions, dtypes and types of the kernel language (triton 3.x).

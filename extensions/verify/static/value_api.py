@@ -93,7 +93,7 @@ METADATA_ATTRIBUTES = frozenset("""
     func keywords cache_info cache_clear cache_parameters fget fset fdel setter getter deleter
 """.split())
 
-# Triton values inside a kernel (tl.tensor and its types) and tl.constexpr.
+# Triton values inside a kernel (tl.tensor, tensor descriptors and their types) and tl.constexpr.
 TRITON_VALUE_ATTRIBUTES = frozenset("""
     T abs advance argmax argmin associative_scan atomic_add atomic_and atomic_cas atomic_load
     atomic_max atomic_min atomic_or atomic_poll atomic_store atomic_xchg atomic_xor broadcast_to cast
@@ -106,7 +106,8 @@ TRITON_VALUE_ATTRIBUTES = frozenset("""
     is_fp8e4b8 is_fp8e4nv is_fp8e5 is_fp8e5b16 is_int is_int1 is_int16 is_int32 is_int64 is_int8
     is_int_signed is_int_unsigned is_ptr is_standard_floating is_uint16 is_uint32 is_uint64
     is_uint8 is_void kind get_int_max_value get_int_min_value with_element_ty
-""".split())
+    load scatter block_shape block_type strides
+""".split())  # the last line: tensor descriptors (tl.make_tensor_descriptor)
 
 
 def value_attribute_allowed(name: str, tensor_methods: frozenset[str], own_names: frozenset[str]) -> bool:
