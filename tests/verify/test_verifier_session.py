@@ -18,28 +18,10 @@ import pytest
 from extensions.config import VerifierConfig
 from extensions.verify import VerifierError, VerifierSession, VerifyRequest, verify_batch
 
+from project_paths import FIXTURES_DIR
 from sandbox_support import processes_with, wait_gone
 
-PROBLEM = textwrap.dedent("""
-    import torch
-    import torch.nn as nn
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-
-        def forward(self, x):
-            return torch.relu(x)
-
-    batch_size = 4
-    dim = 40
-
-    def get_inputs():
-        return [torch.randn(batch_size, dim)]
-
-    def get_init_inputs():
-        return []
-""")
+PROBLEM = (FIXTURES_DIR / "eval" / "tasks" / "relu.py").read_text()
 
 RELU = textwrap.dedent("""
     import torch
@@ -67,7 +49,7 @@ RELU = textwrap.dedent("""
 
 WRONG = RELU.replace("tl.where(x > 0, x, 0.0)", "tl.abs(x)")
 STATIC_CHEAT = RELU.replace("import torch\n", "import torch\nimport subprocess\n", 1)
-OTHER_PROBLEM = PROBLEM.replace("dim = 40", "dim = 24")
+OTHER_PROBLEM = PROBLEM.replace("dim = 64", "dim = 24")
 
 
 def _config(**overrides) -> VerifierConfig:
@@ -116,7 +98,7 @@ def test_reference_data_is_dropped_after_a_problems_last_candidate():
 def test_a_stopped_session_cancels_what_waits_and_leaves_nothing_behind():
     before_workers = set(processes_with("extensions.verify.sandboxed"))
     before_refs = set(processes_with("reference_worker"))
-    problems = [PROBLEM.replace("dim = 40", f"dim = {40 + i}") for i in range(8)]
+    problems = [PROBLEM.replace("dim = 64", f"dim = {40 + i}") for i in range(8)]
     session = VerifierSession(_config(workers=1), device="cpu")
     futures = session.submit_many([VerifyRequest(p, RELU, str(i)) for i, p in enumerate(problems)])
     root = session.work_root
