@@ -2,6 +2,7 @@
 hostile code at import and in forward, and a prepared problem to judge candidates against."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import textwrap
@@ -148,3 +149,48 @@ def wait_gone(marker: str, seconds: float = 5.0) -> list[str]:
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     return processes_with(marker)
+
+
+def descendants(root: int | None = None) -> list[int]:
+    """Live processes below ``root`` (default: this one): what this test started and left, never
+    another run's processes on the same machine."""
+    root = os.getpid() if root is None else root
+    parent_of = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":  # a zombie is dead, only not yet reaped
+            parent_of[int(pid)] = int(fields[1])
+    found, frontier = [], {root}
+    while frontier:
+        children = [pid for pid, parent in parent_of.items() if parent in frontier]
+        found += children
+        frontier = set(children)
+    return found
+
+
+def wait_no_descendants(seconds: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while descendants() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return descendants()
+
+
+@contextlib.contextmanager
+def adopting_orphans():
+    """Within the block this process is a child subreaper (Linux): a process whose parent dies
+    becomes this process's child instead of init's, so ``descendants`` still sees it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_CHILD_SUBREAPER = 36
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

@@ -352,12 +352,14 @@ class VerifierSession:
             self._closed = True
             self._stopping = stop
         try:
-            if stop:
+            if stop:  # what waits is dropped first, then what runs is killed
+                self._judging.shutdown(wait=False, cancel_futures=True)
+                self._preparing.shutdown(wait=False, cancel_futures=True)
                 self.preparer.abort()
                 if self._launcher is not None and self._launcher.done() and self._launcher.exception() is None:
                     self._launcher.result().close()
-            self._judging.shutdown(wait=True, cancel_futures=stop)
-            self._preparing.shutdown(wait=True, cancel_futures=stop)
+            self._judging.shutdown(wait=True)
+            self._preparing.shutdown(wait=True)
             for future in self._first.values():  # stopped before it started: nobody waits forever
                 future.cancel()
             if self._launcher is not None:
