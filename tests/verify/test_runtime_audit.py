@@ -151,8 +151,8 @@ def test_docstring_twins_are_judged_separately(problems, config, monkeypatch):
 
 
 def test_interpreter_support_autotune_libdevice_tf32_and_program_order():
-    """In the worker's interpreter: several autotune configs run (the first is used), libdevice
-    computes, tl.dot at its default rounds fp32 operands to TF32 as a GPU does (IEEE stays exact),
+    """In the worker's interpreter: a multi-config autotune runs one config per input set, in
+    turn from the rotation's offset, libdevice computes, tl.dot at its default rounds fp32 operands to TF32 as a GPU does (IEEE stays exact),
     and a shuffled program order changes the answer of an order-dependent kernel only."""
     import subprocess
     import sys
@@ -160,7 +160,8 @@ def test_interpreter_support_autotune_libdevice_tf32_and_program_order():
     script = textwrap.dedent("""
         import torch, triton, triton.language as tl
         from extensions.verify.sandboxed import interpreter_compat
-        order = interpreter_compat.install()
+        interpreter = interpreter_compat.install()
+        order = interpreter.order
         from triton.language.extra import libdevice
 
         @triton.autotune(configs=[triton.Config({'BLOCK': 64}), triton.Config({'BLOCK': 128})], key=['n'])
@@ -198,7 +199,11 @@ def test_interpreter_support_autotune_libdevice_tf32_and_program_order():
         x = torch.randn(1000); y = torch.empty_like(x)
         special[lambda meta: (triton.cdiv(1000, meta['BLOCK']),)](x, y, 1000)
         assert torch.allclose(y, torch.erf(x) + torch.tanh(x) + x * x, atol=1e-5), (y - torch.erf(x)).abs().max()
-        assert special.best_config.kwargs == {'BLOCK': 64}
+        first = (interpreter.autotune.offset % 2)
+        assert special.best_config.kwargs == {'BLOCK': (64, 128)[first]}
+        interpreter.start_set(1, shuffled=False)
+        special[lambda meta: (triton.cdiv(1000, meta['BLOCK']),)](x, y, 1000)
+        assert special.best_config.kwargs == {'BLOCK': (64, 128)[1 - first]}
         ordered = torch.zeros(64, dtype=torch.int32); chained[(64,)](ordered)
         assert ordered.tolist() == list(range(1, 65))
         order.shuffled = True

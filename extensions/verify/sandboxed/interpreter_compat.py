@@ -1,10 +1,14 @@
 """What the Triton interpreter (``TRITON_INTERPRET=1``, the CPU verdict) lacks, added in the worker only.
 
 * ``@triton.autotune`` with several configs benchmarks them through the GPU driver, which the
-  interpreter does not have: here every config "measures" the same, so the first one is used (the
-  kernel's answer must not depend on the config anyway). On CUDA the configs are benchmarked with
-  CUDA events and no L2-flush fills (``benchmark_autotune_with_events``), so that the audited
-  forward's GPU time is the kernels' own.
+  interpreter does not have; and a GPU may pick any of them, so the answer must not depend on the
+  config. ``AutotuneRotation`` runs one config per input set, in turn from a secret offset: input
+  set ``i`` uses config ``(offset + i) mod n`` of every autotuned kernel (of the configs its
+  ``prune_configs_by`` keeps), so a verdict over ``n`` or more sets has run every config on some
+  set, and a kernel right for its first config only is wrong on another set. Nothing is
+  benchmarked and each set runs once, so CPU verification costs what it did. On CUDA the configs
+  are benchmarked with CUDA events and no L2-flush fills (``benchmark_autotune_with_events``), so
+  that the audited forward's GPU time is the kernels' own.
 * ``triton.language.extra.libdevice`` functions are declarations without bodies (they compile to
   CUDA's libdevice on a GPU) and return None in the interpreter: here the common ones compute with
   NumPy/``math`` on the interpreter's arrays, at the argument's precision.
@@ -47,13 +51,28 @@ from __future__ import annotations
 
 import math
 import secrets
+import weakref
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 
-def install() -> "ProgramOrder":
-    use_first_autotune_config()
+@dataclass
+class InterpreterRun:
+    """What the worker switches per input set: the program order and the autotune config."""
+
+    order: "ProgramOrder"
+    autotune: "AutotuneRotation"
+
+    def start_set(self, index: int, shuffled: bool) -> None:
+        self.order.shuffled = shuffled
+        self.autotune.start_set(index)
+
+
+def install() -> InterpreterRun:
+    autotune = AutotuneRotation()
+    autotune.install()
     make_libdevice_compute()
     refuse_non_constexpr_globals()
     fill_fresh_memory_with_nan()
@@ -61,7 +80,7 @@ def install() -> "ProgramOrder":
     round_dot_operands_to_tf32()
     order = ProgramOrder()
     order.install()
-    return order
+    return InterpreterRun(order, autotune)
 
 
 # -- autotune ------------------------------------------------------------------------------------
@@ -70,11 +89,44 @@ def _equal_timings(kernel_call, quantiles=None, **_kwargs):
     return [0.0, 0.0, 0.0] if quantiles else 0.0
 
 
-def use_first_autotune_config() -> None:
-    from triton.runtime.autotuner import Autotuner
+class AutotuneRotation:
+    """Every autotuned kernel runs config ``(offset + set index) mod n`` of its (pruned) configs
+    during an input set: one config per set, all of them over ``n`` sets. The offset is drawn
+    before the candidate is imported, so which set meets which config is not known to it."""
 
-    # ``do_bench`` is a cached property that asks the (absent) driver for a benchmarker.
-    Autotuner.do_bench = property(lambda self: _equal_timings)
+    def __init__(self, offset: Optional[int] = None):
+        self.offset = secrets.randbelow(1 << 30) if offset is None else int(offset)
+        self.turn = 0
+        self._tuners: "weakref.WeakSet" = weakref.WeakSet()
+
+    def start_set(self, index: int) -> None:
+        """Input set ``index`` begins: every tuner forgets the config it chose for the last one."""
+        self.turn = int(index)
+        for tuner in list(self._tuners):
+            tuner.cache.clear()
+
+    def pick(self, configs: list) -> list:
+        return [configs[(self.offset + self.turn) % len(configs)]] if configs else configs
+
+    def install(self) -> None:
+        from triton.runtime.autotuner import Autotuner
+
+        # ``do_bench`` is a cached property that asks the (absent) driver for a benchmarker; with
+        # one config left after pruning nothing is benchmarked, this only keeps the driver out.
+        Autotuner.do_bench = property(lambda self: _equal_timings)
+        prune, run = Autotuner.prune_configs, Autotuner.run
+        rotation = self
+
+        def prune_configs(tuner, kwargs):
+            # The autotuner keeps the only config left after pruning without benchmarking it.
+            return rotation.pick(prune(tuner, kwargs))
+
+        def run_in_turn(tuner, *args, **kwargs):
+            rotation._tuners.add(tuner)
+            return run(tuner, *args, **kwargs)
+
+        Autotuner.prune_configs = prune_configs
+        Autotuner.run = run_in_turn
 
 
 def _event_timings(kernel_call, quantiles=None, **_kwargs):

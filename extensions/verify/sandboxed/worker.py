@@ -180,7 +180,7 @@ def _poison_allocator(output) -> None:
 
 
 def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: str, audit,
-            order=None) -> dict:
+            interpreter=None) -> dict:
     """Run forward on one input set under the audit. What it returned, the inputs after the call
     and the model's weights are read afterwards only through plain aliases of torch's own tensor
     types (``plain_output``, ``module_tensors``): a method the candidate gave a tensor or a module
@@ -201,8 +201,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     if flags:
         status.update({"flags": flags, "error": "constructor: runtime audit"})
         return status
-    if order is not None:
-        order.shuffled = bool(set_spec.get("shuffle_programs"))
+    if interpreter is not None:  # CPU: this set's program order and autotune configs
+        interpreter.start_set(index, bool(set_spec.get("shuffle_programs")))
     repeat = None
     try:
         with torch.no_grad(), audit.forward() as report:
@@ -228,8 +228,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
         status["error"] = short_error(exc)
         return status
     finally:
-        if order is not None:
-            order.shuffled = False
+        if interpreter is not None:
+            interpreter.order.shuffled = False
     input_storages = _storages(inputs_after)
     output_storages = _storages(output)
     if output_storages & input_storages:
@@ -387,11 +387,11 @@ def serve(control, clock=None) -> None:
         _write_json("compile.json", _sandbox_failure(exc))
         return
     device = "cuda" if job["device"] != "cpu" else "cpu"
-    order = None
+    interpreter = None
     clock.count_c_builds()
     if device == "cpu":
         torch.set_num_threads(1)
-        order = interpreter_compat.install()
+        interpreter = interpreter_compat.install()
     else:
         interpreter_compat.benchmark_autotune_with_events()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
@@ -431,7 +431,7 @@ def serve(control, clock=None) -> None:
         inputs = previous_inputs = into_previous_tensors(previous_inputs, inputs)
         # The first set pays the kernel's compilation (and its launcher's, where Triton builds one).
         with clock.phase("first_set" if "first_set" not in clock.seconds else "other_sets"):
-            status = run_set(models, index, set_spec, inputs, device, audit, order)
+            status = run_set(models, index, set_spec, inputs, device, audit, interpreter)
         verdicts.write(f"set_{index}.json", status)
     command = control.readline().split()
     if command and command[0] == "time" and job.get("timing"):

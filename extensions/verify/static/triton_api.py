@@ -32,7 +32,10 @@ TRITON_LANGUAGE_API = frozenset("""
     xor_sum zeros zeros_like
 """.split())
 # Functions of tl.math, tl.extra.libdevice and tl.extra.cuda.libdevice (the namespaces also hold
-# the modules and helpers they were built with, e.g. functools.wraps: those are not listed).
+# the modules and helpers they were built with, e.g. functools.wraps: those are not listed). One
+# list for all of them: a kernel may alias ``libdevice = tl.math`` where the import fails. Not
+# ``fast_tanhf``: the generic libdevice stub and the HIP module declare it, CUDA's does not, so
+# Triton compiling for an NVIDIA GPU refuses it where the CPU interpreter computes it.
 TRITON_MATH_API = frozenset("""
     abs acos acosh add_rd add_rn add_ru add_rz asin asinh atan atan2 atanh brev byte_perm cbrt
     ceil clz copysign cos cosh cospi cyl_bessel_i0 cyl_bessel_i1 div_rd div_rn div_ru div_rz
@@ -41,7 +44,7 @@ TRITON_MATH_API = frozenset("""
     double2loint double2uint_rd double2uint_rn double2uint_ru double2uint_rz double2ull_rd
     double2ull_rn double2ull_ru double2ull_rz double_as_longlong erf erfc erfcinv erfcx erfinv exp
     exp10 exp2 expm1 fast_cosf fast_dividef fast_exp10f fast_expf fast_log10f fast_log2f fast_logf
-    fast_powf fast_sinf fast_tanf fast_tanhf fdim fdiv ffs finitef float2int_rd float2int_rn
+    fast_powf fast_sinf fast_tanf fdim fdiv ffs finitef float2int_rd float2int_rn
     float2int_ru float2int_rz float2ll_rd float2ll_rn float2ll_ru float2ll_rz float2uint_rd
     float2uint_rn float2uint_ru float2uint_rz float2ull_rd float2ull_rn float2ull_ru float2ull_rz
     float_as_int float_as_uint floor fma fma_rd fma_rn fma_ru fma_rz fmod hadd hiloint2double
@@ -56,6 +59,11 @@ TRITON_MATH_API = frozenset("""
     ull2double_rd ull2double_rn ull2double_ru ull2double_rz ull2float_rd ull2float_rn ull2float_ru
     ull2float_rz umulhi y0 y1 yn
 """.split())
+# tl.math's own functions that CUDA's libdevice module does not define.
+TL_MATH_ONLY = frozenset({"fdiv", "umulhi"})
+# The functions of triton.language.extra.cuda.libdevice (triton 3.6 and 3.9 define the same ones),
+# which is what ``tl.extra.libdevice`` resolves to when Triton compiles for an NVIDIA GPU.
+CUDA_LIBDEVICE_API = TRITON_MATH_API - TL_MATH_ONLY
 TRITON_MATH_NAMESPACES = frozenset({
     "triton.language.math", "triton.language.extra.libdevice",
     "triton.language.extra.cuda.libdevice", "triton.language.extra.hip.libdevice",

@@ -13,6 +13,8 @@ explain *why* something is refused:
   ``__init__`` (and what only ``__init__`` reaches) and autograd ``backward`` is held to the
   forward allow-list: PyTorch may allocate, view and copy, never compute. Everything else in
   :data:`FLAG_DESCRIPTIONS` is flagged anywhere in the module (:mod:`.module_rules`).
+* Would the kernels compile for a GPU?  Python that Triton's compiler refuses inside a
+  ``@triton.jit`` function runs in the CPU interpreter all the same (:mod:`.kernel_language`).
 
 Names are resolved through imports and assignments (:mod:`.module_index`), so an alias is judged
 by what it names.
@@ -24,6 +26,7 @@ import ast
 from .allowlist import AllowList
 from .findings import FLAG_DESCRIPTIONS, Findings, StaticReport
 from .forward_path import ForwardPath
+from .kernel_language import KernelLanguage
 from .module_index import ModuleIndex
 from .module_rules import ModuleRules
 
@@ -50,6 +53,7 @@ def static_check(code: str, allow_library_gemm: bool = False) -> StaticReport:
     forward = ForwardPath(index, findings, allow_library_gemm)
     ModuleRules(index, findings, forward, allow_library_gemm).run()
     AllowList(index, findings).run()
+    KernelLanguage(index, findings).run()
     if modelnew is not None:
         forward.check(modelnew)
     return findings.report(list(index.kernels))

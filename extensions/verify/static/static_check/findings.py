@@ -29,6 +29,11 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
     "numpy_compute": "NumPy (imported or reached through .numpy())",
     "kernel_escape": "a @triton.jit body uses Python objects (torch, mutable module globals, "
                      "non-jit helpers) that only the CPU interpreter would run",
+    "interpreter_only": "a @triton.jit function uses Python that Triton's compiler refuses (break, "
+                        "continue, try, raise, lambda, dict/set/generator comprehensions, a for "
+                        "loop not over a range, in, @, item assignment, builtins such as abs or "
+                        "sum, ...) or a libdevice function CUDA's libdevice lacks: only the CPU "
+                        "interpreter runs it",
     "forbidden_import": "imports a module outside the allow-list (torch, torch.nn, "
                         "torch.nn.functional, torch.nn.init, torch.autograd, triton, "
                         "triton.language and its math/libdevice modules, math, itertools, typing, "
