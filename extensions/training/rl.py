@@ -12,7 +12,9 @@ objective state, curriculum state, round metrics); the last one is copied to ``r
 Under data parallelism each rank samples and verifies its share of the round's tasks (on its own
 GPU), results are gathered, and the update is data-parallel. Sampled responses (with their token
 ids and log-probs) and verdicts go to the round's candidate log as soon as they exist; a resumed
-round reuses them. A save request during sampling or verification is served by that log; during
+round reuses them. Verification overlaps sampling: each sampled chunk goes to the rank's verifier
+session at once (``rl.overlap_verification``), so the round waits only for the verdicts of what was
+sampled last. A save request during sampling or verification is served by that log; during
 the update a stop request ends the process and the resumed run redoes the update from the round's
 start, on the same rollouts, to the same result.
 """
