@@ -290,7 +290,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         "rollout_tokens": phase["sampled_tokens"],
         "reused_from_candidate_log": {"samples": phase.get("samples_reused", 0), "verdicts": phase.get("verdicts_reused", 0)},
         "rollout_tokens_per_s": phase["sampled_tokens"] / sampling_s if phase["sampled_tokens"] and sampling_s > 0 else None,
-        "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "training_s": training_s},
+        "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "waiting_s": phase["waiting_s"],
+                    "training_s": training_s},
     }
     parts.history.append((round_index, stats["reward_mean"], stats["correct"], stats["judged"],
                           int(update_stats.get("train_steps", 0) or 0)))
@@ -298,7 +299,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         print(f"[rl] round {round_index}: reward mean {stats['reward_mean']:.3f} (std {stats['reward_std']:.3f}), "
               f"{stats['correct']}/{stats['judged']} correct, {update_stats.get('train_steps', 0)} update step(s), "
               f"level-2 share next {curriculum.share_l2:.2f}; sampling {sampling_s:.0f}s, "
-              f"verifying {phase['verifying_s']:.0f}s, training {training_s:.0f}s", flush=True)
+              f"verifying {phase['verifying_s']:.0f}s, waiting {phase['waiting_s']:.0f}s, training {training_s:.0f}s",
+              flush=True)
         if multi_turn:
             turns = stats["multiturn"]
             print(f"[rl] round {round_index}: {100 * turns['success_rate']:.1f}% of {turns['trajectories']} trajectories "
