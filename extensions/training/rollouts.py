@@ -227,12 +227,13 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
             check_signal(ctx, candidate_log.path)
         stats["sampling_s"] = time.perf_counter() - started
 
-    open_session = getattr(ctx.verify_fn, "open_session", None) if rl.overlap_verification else None
-    expected = len(mine) * n - sum(1 for t in mine for i in range(n) if (t["task_id"], i) in verdicts)
-    if callable(open_session) and expected > 0:
-        verdicts.update(_sample_while_verifying(ctx, candidate_log, open_session(expected=expected), stats,
-                                                sample_chunks, unjudged, request,
-                                                [chunk for index, chunk in enumerate(chunks) if index not in to_sample]))
+    # The path depends on the verifier and the config only, the same on every rank, so every rank
+    # makes as many signal checks even where one has nothing left to judge.
+    if rl.overlap_verification and callable(getattr(ctx.verify_fn, "open_session", None)):
+        expected = sum(1 for t in mine for i in range(n) if (t["task_id"], i) not in verdicts)
+        stream = VerdictStream(ctx.verify_fn, candidate_log, expected)
+        logged_chunks = [chunk for index, chunk in enumerate(chunks) if index not in to_sample]
+        verdicts.update(_sample_while_verifying(ctx, stream, stats, sample_chunks, unjudged, request, logged_chunks))
     else:
         sample_chunks()
         # Verification, a chunk at a time, each verdict logged as soon as its chunk is judged.
@@ -262,9 +263,9 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     return gathered, stats
 
 
-def _sample_while_verifying(ctx: RoundContext, log: CandidateLog, session, stats: dict, sample_chunks, unjudged,
+def _sample_while_verifying(ctx: RoundContext, stream: VerdictStream, stats: dict, sample_chunks, unjudged,
                             request, logged_chunks: list[list[dict]]) -> dict[Key, dict]:
-    """The overlapped round: the logged samples still unjudged go to ``session`` first, then each
+    """The overlapped round: the logged samples still unjudged go to ``stream`` first, then each
     chunk as it is sampled; the verdicts are logged as they arrive and returned once all are in.
 
     A stop (Ctrl-C, SIGTERM, a spot notice) while sampling stops the decode as before; while
@@ -272,8 +273,6 @@ def _sample_while_verifying(ctx: RoundContext, log: CandidateLog, session, stats
     is cancelled, what runs is killed, and the verdicts logged so far stay. A save request without
     a stop is served at the check after the wait, one check on every rank whatever its candidates.
     """
-    stream = VerdictStream(session, log)
-
     def submit(chunk_tasks: Sequence[dict]) -> None:
         stream.check()  # the verifier failed (no sandbox, say): say so now, not after sampling
         keys = unjudged(chunk_tasks)
@@ -290,7 +289,7 @@ def _sample_while_verifying(ctx: RoundContext, log: CandidateLog, session, stats
     finally:
         stream.close(stop=not complete)
     stats["verifying_s"] = stream.busy_s
-    check_signal(ctx, log.path)
+    check_signal(ctx, stream.log.path)
     if not complete:  # the stop that ended the wait was served meanwhile: stop all the same
         raise StopRequested(ctx.save_signal.reason if ctx.save_signal and ctx.save_signal.reason else "stop requested")
     return stream.verdicts

@@ -73,11 +73,15 @@ def result_dict(result: Any) -> dict:
 class VerdictStream:
     """One session of one rank's round: ``submit`` candidates, ``wait`` for their verdicts, ``close``.
 
-    ``verdicts`` holds every verdict logged so far, by key. ``busy_s`` is the wall time during which
-    at least one submitted candidate had no verdict yet (the session had work)."""
+    The session is opened at once when ``expected`` candidates are to come (its start-up overlaps
+    the first chunk's sampling), else on the first submission, so a rank with nothing to judge
+    starts no verifier. ``verdicts`` holds every verdict logged so far, by key. ``busy_s`` is the
+    wall time during which at least one submitted candidate had no verdict yet (the session had
+    work)."""
 
-    def __init__(self, session: VerifySession, log: CandidateLog):
-        self.session, self.log = session, log
+    def __init__(self, verifier: StreamingVerifier, log: CandidateLog, expected: int = 0):
+        self.verifier, self.log, self.expected = verifier, log, expected
+        self.session: Optional[VerifySession] = verifier.open_session(expected=expected) if expected > 0 else None
         self.verdicts: dict[Key, dict] = {}
         self._changed = threading.Condition()
         self._outstanding = 0
@@ -101,6 +105,8 @@ class VerdictStream:
             if self._outstanding == 0:
                 self._busy_since = time.perf_counter()
             self._outstanding += len(candidates)
+        if self.session is None:
+            self.session = self.verifier.open_session(expected=max(self.expected, len(candidates)))
         futures = self.session.submit_many([request for _, _, request in candidates])
         if len(futures) != len(candidates):
             raise RuntimeError(f"verifier returned {len(futures)} futures for {len(candidates)} candidates")
@@ -136,7 +142,8 @@ class VerdictStream:
             if self._outstanding == 0:
                 self._busy_s += time.perf_counter() - self._busy_since
             try:
-                self.log.append(records)
+                if records:
+                    self.log.append(records)
             except BaseException as exc:  # noqa: BLE001 - a verdict not logged must not pass unseen
                 self._error = self._error or exc
             self._changed.notify_all()
@@ -161,7 +168,7 @@ class VerdictStream:
         # A session that says whether candidates can run at all (VerifierSession.isolation) is
         # asked once: without a sandbox the round fails, as verify_batch fails its batch, even
         # where every candidate was screened out before needing one.
-        ready = getattr(self.session, "isolation", None)
+        ready = getattr(self.session, "isolation", None) if self.session is not None else None
         if callable(ready):
             ready()
         return True
@@ -174,4 +181,5 @@ class VerdictStream:
         if stop:
             with self._changed:
                 self._stopped = True
-        self.session.close(stop=stop)
+        if self.session is not None:
+            self.session.close(stop=stop)
