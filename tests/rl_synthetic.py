@@ -10,6 +10,8 @@ with the verifier, minus the verifier's cost.
 With ``RL_SYNTHETIC_SOLVING_RANK=R`` the judge of rank R (``RANK``, 0 without a launcher) calls every
 candidate correct. With ``RL_SYNTHETIC_CALLS=FILE`` every judged candidate (its label's task, sample and turn) and
 every sampling call (its sequence count) is appended to FILE, so a test can tell what a run did.
+With ``RL_SYNTHETIC_STREAMING=1`` the judge streams (``open_session``): the round hands it each
+chunk as soon as it is sampled, and a thread judges the candidates one at a time.
 """
 from __future__ import annotations
 
@@ -42,6 +44,32 @@ def judge_all_correct(items):
     from extensions.verify.result import VerifyResult
 
     return [VerifyResult(candidate=request.label, correct=True, stage="full", reward=1.0) for request in items]
+
+
+class StreamingJudge:
+    """``judge`` as a verifier that streams: each session judges what it is handed on a thread."""
+
+    def __init__(self, judge):
+        self.judge = judge
+
+    def __call__(self, items):
+        return self.judge(items)
+
+    def open_session(self, expected: int = 0):
+        return _JudgeSession(self.judge)
+
+
+class _JudgeSession:
+    def __init__(self, judge):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.judge, self.pool = judge, ThreadPoolExecutor(max_workers=1)
+
+    def submit_many(self, requests):
+        return [self.pool.submit(lambda request: self.judge([request])[0], request) for request in requests]
+
+    def close(self, *, stop: bool = False) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=stop)
 
 
 def record_calls(path: Path, judge):
@@ -110,6 +138,8 @@ def main(argv=None) -> int:
         judge = judge_all_correct
     if os.environ.get("RL_SYNTHETIC_CALLS"):
         judge = record_calls(Path(os.environ["RL_SYNTHETIC_CALLS"]), judge)
+    if os.environ.get("RL_SYNTHETIC_STREAMING") == "1":
+        judge = StreamingJudge(judge)
     cfg = synthetic_config(root, model_dir, overrides)
     # As the stage runs for real: the ranks agree on save and stop requests at every check.
     outcome = run_rl(cfg, save_signal=SaveSignal.for_run(RunPaths.from_config(cfg)), progress=False,

@@ -10,7 +10,7 @@ say where things go, how often to log or save, or how fast to compute the same n
   ``eval_every_steps``, ``keep_last_checkpoints``, ``log_every_steps`` and ``gradient_checkpointing``.
 - ``rl``: the ``sft`` keys (RL trains with some of them and starts from the SFT adapter), ``rl`` and
   ``verifier`` (rewards), except ``rl.keep_last_rounds``, ``verify_chunk_size``,
-  ``generation_batch_size``, ``cuda_graphs``, ``compile_decode`` and ``verifier.workers``,
+  ``overlap_verification``, ``generation_batch_size``, ``cuda_graphs``, ``compile_decode`` and ``verifier.workers``,
   ``prespawn_workers``, ``prebuilt_triton_cache``, ``fork_servers_per_slot``, ``reference_server``.
   An unfinished RL run may be continued with another ``rl.num_rounds``.
 - ``eval``: ``model``, ``eval`` and ``verifier``, except ``eval.generation_batch_size``,
@@ -37,8 +37,8 @@ STAGE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # stage: (sections or keys that count, keys inside them that do not)
     "sft": (_SFT_SECTIONS, _SFT_IGNORED),
     "rl": ((*_SFT_SECTIONS, "rl", "verifier"),
-           (*_SFT_IGNORED, "rl.keep_last_rounds", "rl.verify_chunk_size", "rl.generation_batch_size",
-            "rl.cuda_graphs", "rl.compile_decode", *_VERIFIER_SPEED)),
+           (*_SFT_IGNORED, "rl.keep_last_rounds", "rl.verify_chunk_size", "rl.overlap_verification",
+            "rl.generation_batch_size", "rl.cuda_graphs", "rl.compile_decode", *_VERIFIER_SPEED)),
     "eval": (("model", "eval", "verifier"),
              ("eval.generation_batch_size", "eval.compile_decode", "eval.generation_workers", *_VERIFIER_SPEED)),
 }

@@ -175,7 +175,12 @@ class RLConfig:
     # new prompt widths compile again, so three RL rounds took 125 s compiled against 28 s not
     # (bench/results/decode_compile_rounds_h100.md); it pays off only over dozens of rounds.
     compile_decode: bool = False
-    verify_chunk_size: int = 32  # candidates verified (and logged) per verify_batch call
+    # Verify each sampled chunk while the next one samples (one verifier session per round and
+    # rank); false: verify after sampling, verify_chunk_size candidates per verifier call.
+    overlap_verification: bool = True
+    # Candidates per verifier call where verification does not overlap sampling (overlap off, a
+    # verifier that does not stream, multi-turn rounds), each call's verdicts logged together.
+    verify_chunk_size: int = 32
     keep_last_rounds: int = 3  # complete round-NNN checkpoints kept
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     # best_of_n: expert iteration (SFT on the top_k per task); grpo / rloo / reinforce: clipped

@@ -12,7 +12,9 @@ objective state, curriculum state, round metrics); the last one is copied to ``r
 Under data parallelism each rank samples and verifies its share of the round's tasks (on its own
 GPU), results are gathered, and the update is data-parallel. Sampled responses (with their token
 ids and log-probs) and verdicts go to the round's candidate log as soon as they exist; a resumed
-round reuses them. A save request during sampling or verification is served by that log; during
+round reuses them. Verification overlaps sampling: each sampled chunk goes to the rank's verifier
+session at once (``rl.overlap_verification``), so the round waits only for the verdicts of what was
+sampled last. A save request during sampling or verification is served by that log; during
 the update a stop request ends the process and the resumed run redoes the update from the round's
 start, on the same rollouts, to the same result.
 """
@@ -288,7 +290,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         "rollout_tokens": phase["sampled_tokens"],
         "reused_from_candidate_log": {"samples": phase.get("samples_reused", 0), "verdicts": phase.get("verdicts_reused", 0)},
         "rollout_tokens_per_s": phase["sampled_tokens"] / sampling_s if phase["sampled_tokens"] and sampling_s > 0 else None,
-        "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "training_s": training_s},
+        "seconds": {"sampling_s": sampling_s, "verifying_s": phase["verifying_s"], "waiting_s": phase["waiting_s"],
+                    "training_s": training_s},
     }
     parts.history.append((round_index, stats["reward_mean"], stats["correct"], stats["judged"],
                           int(update_stats.get("train_steps", 0) or 0)))
@@ -296,7 +299,8 @@ def _run_round(ctx: RoundContext, parts: RoundParts, tasks, round_index: int, po
         print(f"[rl] round {round_index}: reward mean {stats['reward_mean']:.3f} (std {stats['reward_std']:.3f}), "
               f"{stats['correct']}/{stats['judged']} correct, {update_stats.get('train_steps', 0)} update step(s), "
               f"level-2 share next {curriculum.share_l2:.2f}; sampling {sampling_s:.0f}s, "
-              f"verifying {phase['verifying_s']:.0f}s, training {training_s:.0f}s", flush=True)
+              f"verifying {phase['verifying_s']:.0f}s, waiting {phase['waiting_s']:.0f}s, training {training_s:.0f}s",
+              flush=True)
         if multi_turn:
             turns = stats["multiturn"]
             print(f"[rl] round {round_index}: {100 * turns['success_rate']:.1f}% of {turns['trajectories']} trajectories "

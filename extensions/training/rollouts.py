@@ -2,8 +2,10 @@
 
 ``collect_candidates`` samples ``samples_per_task`` completions per task (with each token's
 log-probability under the sampling policy), judges them with a ``VerifyFn`` and returns every
-candidate of the round on every rank. The round's candidate log receives each sample and each
-verdict as soon as it exists; a resumed round reuses them. The scoring (verdict -> reward) is a
+candidate of the round on every rank. A verifier that streams (``verdict_stream``; the project
+verifier does) judges each chunk of samples while the next chunk samples. The round's candidate log
+receives each sample and each verdict as soon as it exists; a resumed round reuses them, and
+submits the logged samples that have no verdict before it samples what is missing. The scoring (verdict -> reward) is a
 separate, pure function (``extensions.training.rewards``), so it can change without judging again.
 
 Sampling is seeded per chunk of this rank's task list, whatever was already logged, so a chunk
@@ -18,7 +20,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..config.sections import PipelineConfig, VerifierConfig
 from ..generation.sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
@@ -29,6 +31,7 @@ from ..verify import VerifyRequest
 from ..verify.result import VerifyResult
 from .candidates import CandidateLog, sample_record, verdict_record
 from .distributed import Dist
+from .verdict_stream import Key, ProjectVerifier, VerdictStream, result_dict
 
 if TYPE_CHECKING:  # transformers is heavy to import; the tokenizer comes in ready-made
     from transformers import PreTrainedTokenizerBase
@@ -106,24 +109,8 @@ def check_signal(ctx: RoundContext, served_by: Optional[Path]) -> None:
 
 
 def make_verify_fn(verifier_cfg: VerifierConfig, device: Optional[str], *, progress: bool = True) -> VerifyFn:
-    """The project verifier as a ``VerifyFn`` (imported on first use)."""
-
-    def verify(requests: list[VerifyRequest]) -> list[VerifyResult]:
-        from ..verify import verify_batch
-
-        return verify_batch(requests, verifier_cfg, device=device, progress=progress)
-
-    return verify
-
-
-def result_dict(result: Union[VerifyResult, dict]) -> dict:
-    if isinstance(result, VerifyResult):
-        return result.to_dict()
-    if isinstance(result, dict):
-        return VerifyResult.from_dict(result).to_dict()
-    if hasattr(result, "to_dict"):
-        return result.to_dict()
-    raise TypeError(f"verifier returned {type(result).__name__}, expected VerifyResult")
+    """The project verifier as a ``VerifyFn`` that also streams (``ProjectVerifier``)."""
+    return ProjectVerifier(verifier_cfg, device, progress=progress)
 
 
 def task_prompt_ids(ctx: "RoundContext", tasks: Sequence[dict]) -> dict[str, list[int]]:
@@ -157,8 +144,14 @@ def open_round_log(ctx: RoundContext, round_index: int, tasks: Sequence[dict], p
 def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequence[dict], policy: str) -> tuple[list[Candidate], dict]:
     """Sample and verify every candidate of the round (reusing the log), gathered on all ranks.
 
+    With a verifier that streams (``open_session``) and ``rl.overlap_verification``, each chunk's
+    candidates go to one verifier session as soon as the chunk is sampled and logged, so they are
+    judged while the next chunk samples; otherwise every candidate is judged after sampling,
+    ``rl.verify_chunk_size`` at a time.
+
     Returns the candidates (sorted by task and sample index) and the phase statistics: seconds
-    sampling and verifying, and the tokens sampled in this process run (for tokens/s).
+    sampling, verifying (while the verifier had work) and waiting (after sampling, for the last
+    verdict), and the tokens sampled in this process run (for tokens/s).
     """
     rl = ctx.cfg.rl
     n = rl.samples_per_task
@@ -175,62 +168,90 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     mine = ctx.dist.shard(tasks)
     # A resumed round's times and tokens are this process's only: what came from the log is counted
     # apart, so a round that sampled nothing does not read as infinitely fast sampling.
-    stats = {"sampling_s": 0.0, "verifying_s": 0.0, "sampled_tokens": 0,
+    stats = {"sampling_s": 0.0, "verifying_s": 0.0, "waiting_s": 0.0, "sampled_tokens": 0,
              "samples_reused": len(samples), "verdicts_reused": len(verdicts)}
 
     tasks_per_chunk = max(1, rl.generation_batch_size // n)
-    started = time.perf_counter()
-    for chunk_index, start in enumerate(range(0, len(mine), tasks_per_chunk)):
-        chunk = mine[start:start + tasks_per_chunk]
-        if all((t["task_id"], i) in samples for t in chunk for i in range(n)):
-            continue
-        params = SamplingParams(
-            max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
-            seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
-            batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
-        )
-        try:
-            _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
-                                          progress=ctx.progress, should_stop=ctx.stop_requested)
-        except SamplingStopped as stopped:
-            # A Ctrl-C between decode steps: keep what finished, then stop through the signal check.
-            rollouts = stopped.partial
-        records = []
-        for task, task_rollouts in zip(chunk, rollouts):
-            for i, rollout in enumerate(task_rollouts):
-                if rollout is None:
-                    continue
-                text, sequence = rollout
-                key = (task["task_id"], i)
-                if samples.get(key) != text:  # a verdict judges one text only
-                    verdicts.pop(key, None)
-                samples[key] = text
-                sequences[key] = (sequence.token_ids, [float(x) for x in sequence.logprobs])
-                stats["sampled_tokens"] += len(sequence.token_ids)
-                records.append(sample_record(task["task_id"], i, text, sequence.token_ids, sequence.logprobs))
-        candidate_log.append(records)
-        check_signal(ctx, candidate_log.path)
-    stats["sampling_s"] = time.perf_counter() - started
-
-    # Verification, a chunk at a time, each verdict logged as soon as its chunk is judged.
+    chunks = [mine[start:start + tasks_per_chunk] for start in range(0, len(mine), tasks_per_chunk)]
+    to_sample = [index for index, chunk in enumerate(chunks)
+                 if not all((t["task_id"], i) in samples for t in chunk for i in range(n))]
     code_of = {t["task_id"]: t["code"] for t in tasks}
-    pending = [(t["task_id"], i) for t in mine for i in range(n) if (t["task_id"], i) not in verdicts]
-    started = time.perf_counter()
-    chunk_size = max(1, rl.verify_chunk_size)
-    for start in range(0, len(pending), chunk_size):
-        chunk = pending[start:start + chunk_size]
-        items = [VerifyRequest(problem_code=code_of[tid], candidate_text=samples[(tid, i)], label=f"r{round_index}/{tid}/{i}")
-                 for tid, i in chunk]
-        results = ctx.verify_fn(items)
-        if len(results) != len(items):
-            raise RuntimeError(f"verifier returned {len(results)} results for {len(items)} candidates")
-        records = []
-        for (tid, i), result in zip(chunk, results):
-            verdicts[(tid, i)] = result_dict(result)
-            records.append(verdict_record(tid, i, samples[(tid, i)], verdicts[(tid, i)]))
-        candidate_log.append(records)
-        check_signal(ctx, candidate_log.path)
-    stats["verifying_s"] = time.perf_counter() - started
+
+    def unjudged(chunk_tasks: Sequence[dict]) -> list[Key]:
+        return [(t["task_id"], i) for t in chunk_tasks for i in range(n)
+                if (t["task_id"], i) not in verdicts and (t["task_id"], i) in samples]
+
+    def request(key: Key) -> VerifyRequest:
+        tid, i = key
+        return VerifyRequest(problem_code=code_of[tid], candidate_text=samples[key], label=f"r{round_index}/{tid}/{i}")
+
+    def sample_chunks(after_chunk: Optional[Callable[[list[dict]], None]] = None) -> None:
+        """Sample the chunks not (wholly) in the log, each logged as soon as it is sampled; a
+        chunk's samples then go to ``after_chunk`` (unless this process is stopping). Every chunk
+        of the largest share is followed by a signal check, sampled here or not, so each rank
+        makes as many checks (each one a collective) whatever the log held of its share."""
+        started = time.perf_counter()
+        largest_share = -(-len(tasks) // ctx.dist.world_size)
+        for chunk_index in range(-(-largest_share // tasks_per_chunk)):
+            if chunk_index not in to_sample:
+                check_signal(ctx, candidate_log.path)
+                continue
+            chunk = chunks[chunk_index]
+            params = SamplingParams(
+                max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_p=rl.top_p,
+                seed=ctx.cfg.run.seed + 100_003 * round_index + 1009 * ctx.dist.rank + chunk_index,
+                batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
+            )
+            try:
+                _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
+                                              progress=ctx.progress, should_stop=ctx.stop_requested)
+            except SamplingStopped as stopped:
+                # A Ctrl-C between decode steps: keep what finished, then stop through the signal check.
+                rollouts = stopped.partial
+            records = []
+            for task, task_rollouts in zip(chunk, rollouts):
+                for i, rollout in enumerate(task_rollouts):
+                    if rollout is None:
+                        continue
+                    text, sequence = rollout
+                    key = (task["task_id"], i)
+                    if samples.get(key) != text:  # a verdict judges one text only
+                        verdicts.pop(key, None)
+                    samples[key] = text
+                    sequences[key] = (sequence.token_ids, [float(x) for x in sequence.logprobs])
+                    stats["sampled_tokens"] += len(sequence.token_ids)
+                    records.append(sample_record(task["task_id"], i, text, sequence.token_ids, sequence.logprobs))
+            candidate_log.append(records)
+            if after_chunk is not None and not ctx.stop_requested():
+                after_chunk(chunk)
+            check_signal(ctx, candidate_log.path)
+        stats["sampling_s"] = time.perf_counter() - started
+
+    # The path depends on the verifier and the config only, the same on every rank, so every rank
+    # makes as many signal checks even where one has nothing left to judge.
+    if rl.overlap_verification and callable(getattr(ctx.verify_fn, "open_session", None)):
+        expected = sum(1 for t in mine for i in range(n) if (t["task_id"], i) not in verdicts)
+        stream = VerdictStream(ctx.verify_fn, candidate_log, expected)
+        logged_chunks = [chunk for index, chunk in enumerate(chunks) if index not in to_sample]
+        verdicts.update(_sample_while_verifying(ctx, stream, stats, sample_chunks, unjudged, request, logged_chunks))
+    else:
+        sample_chunks()
+        # Verification, a chunk at a time, each verdict logged as soon as its chunk is judged.
+        pending = unjudged(mine)
+        started = time.perf_counter()
+        chunk_size = max(1, rl.verify_chunk_size)
+        for start in range(0, len(pending), chunk_size):
+            chunk = pending[start:start + chunk_size]
+            results = ctx.verify_fn([request(key) for key in chunk])
+            if len(results) != len(chunk):
+                raise RuntimeError(f"verifier returned {len(results)} results for {len(chunk)} candidates")
+            records = []
+            for key, result in zip(chunk, results):
+                verdicts[key] = result_dict(result)
+                records.append(verdict_record(key[0], key[1], samples[key], verdicts[key]))
+            candidate_log.append(records)
+            check_signal(ctx, candidate_log.path)
+        stats["verifying_s"] = stats["waiting_s"] = time.perf_counter() - started
 
     level_of = {t["task_id"]: int(t["level"]) for t in tasks}
     local = [dataclasses.asdict(Candidate(tid, level_of[tid], i, samples[(tid, i)], verdicts[(tid, i)],
@@ -240,3 +261,35 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
     gathered.sort(key=lambda c: (c.task_id, c.sample_index))
     stats["sampled_tokens"] = int(ctx.dist.sum([float(stats["sampled_tokens"])])[0])
     return gathered, stats
+
+
+def _sample_while_verifying(ctx: RoundContext, stream: VerdictStream, stats: dict, sample_chunks, unjudged,
+                            request, logged_chunks: list[list[dict]]) -> dict[Key, dict]:
+    """The overlapped round: the logged samples still unjudged go to ``stream`` first, then each
+    chunk as it is sampled; the verdicts are logged as they arrive and returned once all are in.
+
+    A stop (Ctrl-C, SIGTERM, a spot notice) while sampling stops the decode as before; while
+    waiting for verdicts it ends the wait at once. Either way the session is stopped: what waits
+    is cancelled, what runs is killed, and the verdicts logged so far stay. A save request without
+    a stop is served at the check after the wait, one check on every rank whatever its candidates.
+    """
+    def submit(chunk_tasks: Sequence[dict]) -> None:
+        stream.check()  # the verifier failed (no sandbox, say): say so now, not after sampling
+        keys = unjudged(chunk_tasks)
+        stream.submit([(key, item.candidate_text, item) for key, item in zip(keys, map(request, keys))])
+
+    complete = False
+    try:
+        for chunk in logged_chunks:
+            submit(chunk)
+        sample_chunks(submit)
+        sampled = time.perf_counter()
+        complete = stream.wait(ctx.stop_requested)
+        stats["waiting_s"] = time.perf_counter() - sampled
+    finally:
+        stream.close(stop=not complete)
+    stats["verifying_s"] = stream.busy_s
+    check_signal(ctx, stream.log.path)
+    if not complete:  # the stop that ended the wait was served meanwhile: stop all the same
+        raise StopRequested(ctx.save_signal.reason if ctx.save_signal and ctx.save_signal.reason else "stop requested")
+    return stream.verdicts

@@ -225,7 +225,7 @@ def collect_trajectories(ctx: RoundContext, model, round_index: int, tasks: Sequ
     """Every turn of every trajectory of the round (reusing the log), gathered on all ranks.
 
     Returns the candidates, one per turn, sorted by (task, sample, turn), and the phase statistics
-    (seconds sampling and verifying, tokens sampled in this process run).
+    (seconds sampling, verifying and waiting for verdicts, tokens sampled in this process run).
     """
     rl = ctx.cfg.rl
     log = rollouts.open_round_log(ctx, round_index, tasks, policy)
@@ -244,6 +244,7 @@ def collect_trajectories(ctx: RoundContext, model, round_index: int, tasks: Sequ
     gathered = [Candidate(**c) for c in ctx.dist.gather_objects(local)]
     gathered.sort(key=lambda c: c.key)
     stats = dict(state.stats)
+    stats["waiting_s"] = stats["verifying_s"]  # turn by turn, the sampler waits for every verdict
     stats["sampled_tokens"] = int(ctx.dist.sum([float(stats["sampled_tokens"])])[0])
     return gathered, stats
 

@@ -127,7 +127,7 @@ def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir, capsys):
     assert len(summary) == 1 and "2 round(s) in this run" in summary[0]
     # Each round says where its time went.
     rounds = [line for line in printed if line.startswith("[rl] round ") and "reward mean" in line]
-    assert len(rounds) == 2 and all(re.search(r"sampling \d+s, verifying \d+s, training \d+s$", line) for line in rounds)
+    assert len(rounds) == 2 and all(re.search(r"sampling \d+s, verifying \d+s, waiting \d+s, training \d+s$", line) for line in rounds)
     assert "round 1: reward" in summary[0] and "round 2: reward" in summary[0] and "/9 correct" in summary[0]
     for r in (1, 2):
         round_dir = paths.rl_round(r)
@@ -136,7 +136,7 @@ def test_rl_rounds_checkpoint_log_and_finish(tmp_path, model_dir, capsys):
         assert meta["stage"] == "rl" and meta["round"] == r and meta["data"]["start"] == "base+fresh-lora"
         metrics = json.loads((round_dir / "round_metrics.json").read_text())
         assert metrics["candidates"] == 9 and metrics["judged"] == 9
-        assert set(metrics["seconds"]) >= {"sampling_s", "verifying_s", "training_s"}
+        assert set(metrics["seconds"]) >= {"sampling_s", "verifying_s", "waiting_s", "training_s"}
         records = _log_records(paths, r)
         assert records[0]["type"] == "round" and len(records[0]["task_ids"]) == 3
         kinds = [rec["type"] for rec in records[1:]]
