@@ -12,6 +12,7 @@ import pytest
 
 from extensions.config import VerifierConfig
 from extensions.verify.api import _DevicePool
+from extensions.verify.common.proctree import become_subreaper, live_descendants, stop_being_subreaper
 from extensions.verify.parent.judge import ProblemPreparer, judge_candidate
 from extensions.verify.parent.sandbox import bwrap_works, choose_isolation
 
@@ -151,27 +152,11 @@ def wait_gone(marker: str, seconds: float = 5.0) -> list[str]:
     return processes_with(marker)
 
 
-def descendants(root: int | None = None) -> list[int]:
-    """Live processes below ``root`` (default: this one): what this test started and left, never
-    another run's processes on the same machine."""
-    root = os.getpid() if root is None else root
-    parent_of = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":  # a zombie is dead, only not yet reaped
-            parent_of[int(pid)] = int(fields[1])
-    found, frontier = [], {root}
-    while frontier:
-        children = [pid for pid, parent in parent_of.items() if parent in frontier]
-        found += children
-        frontier = set(children)
-    return found
+
+def descendants() -> list[int]:
+    """Live processes below this one: what this test started and left, never another run's
+    processes on the same machine."""
+    return live_descendants(os.getpid())
 
 
 def wait_no_descendants(seconds: float = 5.0) -> list[int]:
@@ -185,12 +170,9 @@ def wait_no_descendants(seconds: float = 5.0) -> list[int]:
 def adopting_orphans():
     """Within the block this process is a child subreaper (Linux): a process whose parent dies
     becomes this process's child instead of init's, so ``descendants`` still sees it."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_CHILD_SUBREAPER = 36
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if not become_subreaper():
+        pytest.skip("prctl(PR_SET_CHILD_SUBREAPER) is not available")
     try:
         yield
     finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        stop_being_subreaper()

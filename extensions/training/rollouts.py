@@ -16,11 +16,12 @@ This is the single-turn round (``rl.max_turns: 1``); multi-turn rounds collect t
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..config.sections import PipelineConfig, VerifierConfig
 from ..generation.sampling import SamplingParams, SamplingStopped, render_prompt_ids, sample_rollouts
@@ -185,9 +186,11 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
         tid, i = key
         return VerifyRequest(problem_code=code_of[tid], candidate_text=samples[key], label=f"r{round_index}/{tid}/{i}")
 
-    def sample_chunks(after_chunk: Optional[Callable[[list[dict]], None]] = None) -> None:
+    def sample_chunks(after_chunk: Optional[Callable[[list[dict]], None]] = None,
+                      while_sampling: Callable[[], Any] = contextlib.nullcontext) -> None:
         """Sample the chunks not (wholly) in the log, each logged as soon as it is sampled; a
-        chunk's samples then go to ``after_chunk`` (unless this process is stopping). Every chunk
+        chunk's samples then go to ``after_chunk`` (unless this process is stopping). Each chunk
+        is decoded inside ``while_sampling()`` (the verifier times no kernel meanwhile). Every chunk
         of the largest share is followed by a signal check, sampled here or not, so each rank
         makes as many checks (each one a collective) whatever the log held of its share."""
         started = time.perf_counter()
@@ -203,8 +206,9 @@ def collect_candidates(ctx: RoundContext, model, round_index: int, tasks: Sequen
                 batch_size=rl.generation_batch_size, cuda_graphs=rl.cuda_graphs, compile_step=rl.compile_decode,
             )
             try:
-                _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
-                                              progress=ctx.progress, should_stop=ctx.stop_requested)
+                with while_sampling():
+                    _, rollouts = sample_rollouts(model, ctx.tokenizer, [ctx.messages(t) for t in chunk], n, params,
+                                                  progress=ctx.progress, should_stop=ctx.stop_requested)
             except SamplingStopped as stopped:
                 # A Ctrl-C between decode steps: keep what finished, then stop through the signal check.
                 rollouts = stopped.partial
@@ -282,7 +286,9 @@ def _sample_while_verifying(ctx: RoundContext, stream: VerdictStream, stats: dic
     try:
         for chunk in logged_chunks:
             submit(chunk)
-        sample_chunks(submit)
+        # The sampler's decode and the verifier's correctness runs share the GPU; a timing run
+        # waits for the chunk being decoded, so a kernel is never timed beside the sampler.
+        sample_chunks(submit, stream.gpu_in_use)
         sampled = time.perf_counter()
         complete = stream.wait(ctx.stop_requested)
         stats["waiting_s"] = time.perf_counter() - sampled

@@ -14,6 +14,7 @@ taken for the candidate's own.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import Future
@@ -147,6 +148,13 @@ class VerdictStream:
             except BaseException as exc:  # noqa: BLE001 - a verdict not logged must not pass unseen
                 self._error = self._error or exc
             self._changed.notify_all()
+
+    def gpu_in_use(self):
+        """The round's own GPU work is under way (a chunk decoding): correctness runs go on beside
+        it, a timing run waits for it to end (``VerifierSession.device_in_use``; a session without
+        one, or no session yet, times nothing meanwhile anyway)."""
+        in_use = getattr(self.session, "device_in_use", None)
+        return in_use() if callable(in_use) else contextlib.nullcontext()
 
     def check(self) -> None:
         """Raise the first error the session delivered (the verifier cannot run, a bad verdict)."""

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
@@ -335,6 +336,18 @@ class VerifierSession:
             directory = getattr(prepared.result(), "directory", None)
             if directory:
                 remove_tree(directory)
+
+    @contextmanager
+    def device_in_use(self):
+        """The caller's own work is on the session's GPUs (the RL sampler decoding in this
+        process): candidates' correctness runs go on beside it, while a timing run, which must
+        have its GPU alone, waits until the block ends; the block first waits for the timing runs
+        already running or queued. On CPU nothing is timed: no gate, no wait."""
+        gates = [self.pool.gate(gpu) for gpu in sorted({g for g in self.pool.slots if g is not None})]
+        with ExitStack() as held:
+            for gate in gates:
+                held.enter_context(gate.host())
+            yield
 
     # -- the end -------------------------------------------------------------------------------
 

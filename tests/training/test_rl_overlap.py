@@ -9,7 +9,7 @@ verdicts), which leaves none of them behind.
 """
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import hashlib
 import json
 import os
@@ -31,6 +31,7 @@ from extensions.training.rl import run_rl
 from extensions.verify.result import VerifyResult
 from project_paths import PROJECT_ROOT
 from rl_synthetic import vowel_reward
+from sandbox_support import adopting_orphans
 
 # In the command line of every process the verifier starts: fork servers and the workers forked
 # from them, workers, reference processes, the Triton cache's warm-up.
@@ -150,6 +151,14 @@ class _JudgeSession:
         self.judge.judged.append(_key_of(request.label))
         return fake_verdict(request.label, request.candidate_text)
 
+    @contextlib.contextmanager
+    def device_in_use(self):  # the sampler's decode: the verifier times nothing meanwhile
+        self.judge.events.mark("gpu held")
+        try:
+            yield
+        finally:
+            self.judge.events.mark("gpu released")
+
     def close(self, *, stop: bool = False) -> None:
         if stop:
             self.stopping.set()
@@ -180,6 +189,11 @@ def test_first_chunk_is_judged_while_later_chunks_sample(tmp_path, model_dir, mo
     assert events.times("judge start", first_chunk[0])[0] < events.times("sample end", 2)[0]
     assert sorted(judge.judged) == sorted(k for keys in events.details("submit") for k in keys)
     assert judge.closed == [False]
+    # Each chunk decodes while the session knows the GPU is in use (no kernel is timed beside it).
+    held, released = events.times("gpu held"), events.times("gpu released")
+    assert len(held) == len(released) == 3
+    for i in range(3):
+        assert held[i] < events.times("sample start", i)[0] < events.times("sample end", i)[0] < released[i]
     records = _records(paths)
     kinds = [r["type"] for r in records]
     assert kinds.count("sample") == kinds.count("verdict") == 6
@@ -300,18 +314,12 @@ def _answer_correctly(index, prompts, result):
     return prompt_ids, answered
 
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
 @pytest.fixture
 def orphans_stay_here():
-    """Make this process the subreaper of what it starts: a verifier process left behind as an
-    orphan stays among its descendants, where the test looks, instead of going to init."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        pytest.skip("prctl(PR_SET_CHILD_SUBREAPER) is not available")
-    yield
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    """A verifier process left behind as an orphan stays among this test's descendants, where the
+    test looks, instead of going to init."""
+    with adopting_orphans():
+        yield
 
 
 def _verifier_processes(module: bytes = VERIFIER_MODULES) -> set[int]:

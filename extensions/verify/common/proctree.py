@@ -31,6 +31,10 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def stop_being_subreaper() -> bool:
+    return _prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+
 def die_with_parent() -> bool:
     return _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 

@@ -74,18 +74,22 @@ class DevicePool:
 
 class GpuGate:
     """Per-GPU readers/writer gate in this process: correctness runs share the GPU, a timing run
-    has it alone (writers first, so timing never starves)."""
+    has it alone (writers first, so timing never starves). The caller's own GPU work (the RL
+    sampler's decode, ``host``) keeps timing off the GPU but not correctness runs: while it holds
+    the GPU a waiting timing run does not hold readers back, since it could not start anyway; the
+    host's next hold waits for the timing runs queued meanwhile."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0
+        self._hosts = 0
 
     @contextmanager
     def shared(self):
         with self._cond:
-            while self._writer or self._writers_waiting:
+            while self._writer or (self._writers_waiting and not self._hosts):
                 self._cond.wait()
             self._readers += 1
         try:
@@ -99,7 +103,7 @@ class GpuGate:
     def exclusive(self):
         with self._cond:
             self._writers_waiting += 1
-            while self._writer or self._readers:
+            while self._writer or self._readers or self._hosts:
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writer = True
@@ -108,6 +112,19 @@ class GpuGate:
         finally:
             with self._cond:
                 self._writer = False
+                self._cond.notify_all()
+
+    @contextmanager
+    def host(self):
+        with self._cond:
+            while self._writer or self._writers_waiting:
+                self._cond.wait()
+            self._hosts += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._hosts -= 1
                 self._cond.notify_all()
 
 
