@@ -21,13 +21,21 @@ from ..common.tensor_io import map_tensors, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, transform_tensors, value_transforms, with_negative_lines,
-                         with_outliers, with_scalars_varied, with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, integer_operand, integer_transform, transform_integers,
+                         transform_tensors, value_transforms, with_negative_lines, with_outliers, with_scalars_varied,
+                         with_zeros)
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
 # with it; on CUDA its inputs cross the sandbox as files.
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
+# aten operators (name parts) that read an integer tensor as places or sizes, not as numbers: an
+# integer input that reaches one (itself or anything computed from it) is an index, a class
+# target or a size, and keeps the problem's own values (``_integer_plan``). ``_local_scalar_dense``
+# is ``.item()``: a number read out to size or loop over something.
+INDEX_OPS = ("index", "gather", "scatter", "embedding", "take", "nll_loss", "one_hot", "bincount", "put",
+             "searchsorted", "bucketize", "repeat_interleave", "histc", "_local_scalar_dense", "multi_margin",
+             "multilabel_margin", "ctc_loss", "unique")
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,63 @@ def same_init(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_init(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def _same_shapes(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_same_shapes(x, y) for x, y in zip(a, b)))
+    return type(a) is type(b)
+
+
+def _index_watch_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    import torch
+
+    class IndexWatch(TorchDispatchMode):
+        """Follows the integer inputs (by storage) through the forward: every operator's outputs
+        carry the inputs its arguments came from; ``indices`` holds those that reached an
+        ``INDEX_OPS`` operator."""
+
+        def __init__(self, sources: dict[int, int]):
+            super().__init__()
+            self.carried: dict[int, set[int]] = {ptr: {i} for ptr, i in sources.items() if ptr}
+            self.indices: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            reached: set[int] = set()
+            for leaf in tree_leaves((args, kwargs)):
+                if isinstance(leaf, torch.Tensor):
+                    reached |= self.carried.get(_storage_of(leaf), set())
+            out = func(*args, **kwargs)
+            if reached:
+                name = func.__name__.split(".")[0]
+                if any(part in name for part in INDEX_OPS):
+                    self.indices |= reached
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor) and _storage_of(leaf):
+                        self.carried.setdefault(_storage_of(leaf), set()).update(reached)
+            return out
+
+    return IndexWatch
+
+
+def _storage_of(tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (meta, a subclass)
+        return 0
+
+
+def _IndexWatch(sources: dict[int, int]):
+    return _index_watch_class()(sources)
 
 
 class ReferenceBuilder:
@@ -266,15 +331,28 @@ class ReferenceBuilder:
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
         exact zeros and the Python float inputs varied too; where the reference rejects those (a
-        division by an input, a probability above 1), the tensors' transform alone."""
+        division by an input, a probability above 1), the tensors' transform alone. Integer inputs
+        that are numbers, not places (``_integer_plan``), get signs and, in ``scale_up``, large
+        magnitudes; where no form of the set runs with them, it is built with them as drawn."""
+        positions, integer_fn = self._integer_plan(variation, seed)
+        if self._add_values(variation, seed, positions, integer_fn) or not positions:
+            return
+        self.skip(f"{variation} integers", f"inputs {sorted(positions)} kept as drawn (the set failed with them varied)")
+        self._add_values(variation, seed, set(), None)
+
+    def _add_values(self, variation: str, seed: int, positions: set[int], integer_fn) -> bool:
+        """``_add_value_set`` with the integer inputs at ``positions`` passed through ``integer_fn``."""
         fn = self.transforms[variation]
+
+        def integers(inputs: list) -> list:
+            return transform_integers(inputs, integer_fn, positions) if positions else inputs
 
         def everything(tensor_fn) -> Callable:
             def transform(inputs: list) -> list:
                 varied = transform_tensors(inputs, tensor_fn)
                 if variation in WITH_ZEROS:
                     varied = transform_tensors(varied, with_zeros)
-                return with_scalars_varied(varied, self.scalar_factor)
+                return with_scalars_varied(integers(varied), self.scalar_factor)
             return transform
 
         if variation == "scale_up":
@@ -288,11 +366,12 @@ class ReferenceBuilder:
             for top, either, outliers in self.outliers:
                 label = f"1e{top:.1f}{' either sign' if either else ''}"
                 if self.try_add(variation, "values", self.base, seed,
-                                lambda inputs, outliers=outliers: transform_tensors(inputs, outliers),
+                                lambda inputs, outliers=outliers: integers(transform_tensors(inputs, outliers)),
                                 exact=True, atol_scale=1.0, rounding=OUTLIER_ROUNDING_SLACK):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     self.sets[-1]["outlier_signs"] = "either" if either else "own"
-                    return
+                    self._note_integers(positions)
+                    return True
                 reasons.append(f"{label}: {self.skipped_sets.pop().reason}")
             self.skip(variation, f"one factor for every element (outliers {'; '.join(reasons)})")
         if variation == "shift":
@@ -302,14 +381,79 @@ class ReferenceBuilder:
             if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
                             exact=True, rounding=OUTLIER_ROUNDING_SLACK):
                 self.sets[-1]["negative_lines"] = True
-                return
+                return True
             why = self.skipped_sets.pop().reason
             self.skip(variation, f"every element shifted (lines: {why})")
         if self.try_add(variation, "values", self.base, seed, everything(fn)):
-            return
+            self._note_integers(positions)
+            return True
         why = self.skipped_sets.pop().reason
-        if self.try_add(variation, "values", self.base, seed, lambda inputs: transform_tensors(inputs, fn)):
+        if self.try_add(variation, "values", self.base, seed, lambda inputs: integers(transform_tensors(inputs, fn))):
+            self._note_integers(positions)
             self.skip(variation, f"without exact zeros and varied float inputs ({why})")
+            return True
+        return False
+
+    def _note_integers(self, positions: set[int]) -> None:
+        if positions:
+            self.sets[-1]["integers_varied"] = sorted(positions)
+
+    def _integer_plan(self, variation: str, seed: int) -> tuple[set[int], Any]:
+        """The integer inputs ``variation`` may vary (``variations.integer_transform``), and the
+        transform: each signed integer tensor of the set's draw that is a number the problem
+        computes with. One is kept as drawn, and noted in ``skipped``, where it (or anything
+        computed from it) reaches an ``INDEX_OPS`` operator (an index, a class target, a size
+        read with ``.item()``), or where the reference, given it varied alone, fails, changes its
+        output's structure or shapes, or turns a finite output non-finite. The runs use a copy
+        of the base model (one with state must not see extra calls)."""
+        import copy
+
+        import torch
+
+        fn = integer_transform(variation)
+        if fn is None:
+            return set(), None
+        inputs = self.draw_inputs(self.base, seed)
+        candidates = [i for i, value in enumerate(inputs) if integer_operand(value)]
+        if not candidates:
+            return set(), None
+        if 0 not in self.fp32_copies:
+            self.fp32_copies[0] = copy.deepcopy(self.models[0])
+        model = self.fp32_copies[0]
+
+        def moved(values: list) -> list:
+            return map_tensors(values, lambda t: t.to(self.device))
+
+        here = moved(inputs)
+        watch = _IndexWatch({here[i].untyped_storage().data_ptr(): i for i in candidates})
+        try:
+            with torch.no_grad(), watch:
+                before = model(*here)
+        except Exception:  # noqa: BLE001 - the set itself will say why
+            return set(), None
+        kept: set[int] = set()
+        for i in candidates:
+            why = ""
+            if i in watch.indices:
+                why = "an index, a class target or a size"
+            else:
+                trial = list(inputs)
+                trial[i] = fn(inputs[i])
+                try:
+                    with torch.no_grad():
+                        after = model(*moved(trial))
+                except Exception as exc:  # noqa: BLE001 - the problem's reference rejects such values
+                    why = f"reference failed ({type(exc).__name__})"
+                else:
+                    if not _same_shapes(before, after):
+                        why = "the output's shapes changed"
+                    elif all_finite(before) and not all_finite(after):
+                        why = "the output turned non-finite"
+            if why:
+                self.skip(f"{variation} integers", f"input {i} kept as drawn ({why})")
+            else:
+                kept.add(i)
+        return kept, fn
 
     def model_bytes(self) -> int:
         """The largest reference model's parameters and buffers: a worker builds the model on the

@@ -148,3 +148,59 @@ def with_scalars_varied(values: list, factor: float) -> list:
     as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
     at that value only."""
     return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
+
+
+# Integer inputs: the variations that give them other values, and the share of elements made large.
+# ``signed``: about half the elements negated (the problem's ``torch.randint(0, n)`` draws none, and
+# C's truncating division agrees with Python's floor division on them). ``scale_up``: signs as
+# ``signed``, and about half the elements times a large factor: for int64 past 2^31 (a kernel that
+# narrows to int32 wraps there), for int32 up to its range. Never a new zero (a divisor stays one).
+INTEGER_VARIATIONS = ("signed", "scale_up")
+INTEGER_LARGE_SHARE = 0.5
+# Integer dtypes whose values are varied: signed ones only (uint8 has no negative value; bool none).
+INTEGER_DTYPES = ("torch.int8", "torch.int16", "torch.int32", "torch.int64")
+
+
+def integer_operand(value) -> bool:
+    """Whether ``value`` is an integer tensor of a signed dtype with more than one element (a
+    0-d or one-element tensor is taken for a size or a count, never varied)."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and str(value.dtype) in INTEGER_DTYPES and value.numel() > 1
+
+
+def integer_transform(variation: str) -> Callable | None:
+    """The transform of an integer tensor for ``variation`` (``INTEGER_VARIATIONS``), or None."""
+    if variation not in INTEGER_VARIATIONS:
+        return None
+
+    def signs(x):
+        import torch
+
+        flip = torch.rand(x.shape, device=x.device) < 0.5
+        return torch.where(flip, -x, x)
+
+    def large(x):
+        import torch
+
+        x = signs(x)
+        top = int(x.abs().max()) if x.numel() else 0
+        if top == 0:
+            return x
+        limit = (2 ** 62 if x.dtype == torch.int64 else torch.iinfo(x.dtype).max) // top
+        if x.dtype == torch.int64:
+            low, high = 2 ** 31, min(limit, 2 ** 33)
+        else:
+            low, high = max(1, limit // 4), limit
+        if high <= low:
+            return x
+        factor = torch.randint(low, high, x.shape, device=x.device, dtype=torch.int64).to(x.dtype)
+        grown = torch.rand(x.shape, device=x.device) < INTEGER_LARGE_SHARE
+        return torch.where(grown, x * factor, x)
+
+    return signs if variation == "signed" else large
+
+
+def transform_integers(values: list, fn, positions) -> list:
+    """``values`` with ``fn`` applied to the tensors at ``positions``."""
+    return [fn(v) if i in positions else v for i, v in enumerate(values)]
