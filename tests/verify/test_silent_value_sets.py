@@ -1,0 +1,278 @@
+"""Value sets that must not go silent: outputs with the function's own -inf, and integer inputs.
+
+A masked LogSoftmax holds -inf wherever the mask is set: its value sets still run and are compared
+by position (-inf exactly where the reference has it, the tolerance elsewhere), so a kernel that
+takes exp without the row maximum overflows on the large values and is rejected. Integer inputs
+that are numbers (not indices) get signs and, in ``scale_up``, magnitudes past 2^31: a kernel that
+divides as C does (toward zero) or narrows int64 to int32 is right on ``torch.randint(0, n)``
+only. An index (an embedding's ids) keeps the problem's values, so a correct lookup still passes.
+The candidates run through the real verifier on CPU (Triton's interpreter).
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+import candidate_catalog as catalog
+from extensions.config import VerifierConfig
+from extensions.verify.parent.reference_data import draw_secret, reference_job
+from extensions.verify.reference.builder import ReferenceBuilder
+
+FLOOR_DIVIDE = (catalog.PROBLEMS_DIR / "int_floor_divide.py").read_text()
+MASKED_LOG_SOFTMAX = (catalog.PROBLEMS_DIR / "masked_log_softmax.py").read_text()
+EMBEDDING = (catalog.PROBLEMS_DIR / "embedding_lookup.py").read_text()
+
+JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": False, "shape_variations": False}
+
+
+def _built(source: str) -> ReferenceBuilder:
+    builder = ReferenceBuilder(source, JOB, draw_secret())
+    builder.build()
+    return builder
+
+
+def _inputs(builder: ReferenceBuilder, name: str) -> list:
+    (chosen,) = [s for s in builder.sets if s["name"] == name]
+    return [builder.tensors[spec["tensor"]] if "tensor" in spec else spec["value"] for spec in chosen["inputs"]["list"]]
+
+
+def _wrong(name: str) -> str:
+    return (catalog.CANDIDATES_DIR / "wrong" / name).read_text()
+
+
+CORRECT_FLOOR_DIVIDE = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def floor_div_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        a = tl.load(a_ptr + offs, mask=mask, other=0)
+        b = tl.load(b_ptr + offs, mask=mask, other=1)
+        q = a // b
+        r = a - q * b
+        q = tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+        tl.store(out_ptr + offs, q, mask=mask)
+
+
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, a, b):
+            a, b = a.contiguous(), b.contiguous()
+            out = torch.empty_like(a)
+            n = a.numel()
+            floor_div_kernel[(triton.cdiv(n, 1024),)](a, b, out, n, BLOCK=1024)
+            return out
+''')
+
+CORRECT_MASKED_LOG_SOFTMAX = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def masked_log_softmax_kernel(x_ptr, mask_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=inside, other=0.0)
+        masked = tl.load(mask_ptr + row * n_cols + cols, mask=inside, other=1) != 0
+        x = tl.where(masked | (cols >= n_cols), float("-inf"), x)
+        top = tl.max(x, axis=0)
+        total = tl.sum(tl.exp(x - top), axis=0)
+        tl.store(out_ptr + row * n_cols + cols, x - top - tl.log(total), mask=inside)
+
+
+    class ModelNew(nn.Module):
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x, mask):
+            x, mask = x.contiguous(), mask.contiguous()
+            out = torch.empty_like(x)
+            block = triton.next_power_of_2(x.shape[1])
+            masked_log_softmax_kernel[(x.shape[0],)](x, mask.view(torch.uint8), out, x.shape[1], BLOCK=block)
+            return out
+''')
+
+CORRECT_EMBEDDING = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def lookup_kernel(ids_ptr, table_ptr, out_ptr, dim, BLOCK: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        row = tl.load(ids_ptr + token)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < dim
+        values = tl.load(table_ptr + row * dim + cols, mask=inside, other=0.0)
+        tl.store(out_ptr + token * dim + cols, values * 2.0, mask=inside)
+
+
+    class ModelNew(nn.Module):
+        def __init__(self, num_embeddings, embedding_dim):
+            super().__init__()
+            self.table = nn.Embedding(num_embeddings, embedding_dim)
+
+        def forward(self, ids):
+            ids = ids.contiguous()
+            weight = self.table.weight.contiguous()
+            dim = weight.shape[1]
+            out = torch.empty(tuple(ids.shape) + (dim,), dtype=weight.dtype, device=weight.device)
+            lookup_kernel[(ids.numel(),)](ids, weight, out, dim, BLOCK=triton.next_power_of_2(dim))
+            return out
+''')
+
+CASES = {
+    "floor_divide_correct": (FLOOR_DIVIDE, CORRECT_FLOOR_DIVIDE),
+    "floor_divide_truncating": (FLOOR_DIVIDE, _wrong("int_division_truncates_toward_zero.py")),
+    "floor_divide_int32": (FLOOR_DIVIDE, _wrong("int_division_narrowed_to_int32.py")),
+    "masked_log_softmax_correct": (MASKED_LOG_SOFTMAX, CORRECT_MASKED_LOG_SOFTMAX),
+    "masked_log_softmax_without_max": (MASKED_LOG_SOFTMAX, _wrong("masked_log_softmax_without_max.py")),
+    "embedding_correct": (EMBEDDING, CORRECT_EMBEDDING),
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts(verify_device, verify_isolation):
+    from extensions.verify import VerifyRequest, verify_batch
+
+    config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2)
+    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in CASES.items()],
+                           config, device=verify_device, progress=False)
+    return dict(zip(CASES, results))
+
+
+def _describe(result) -> str:
+    return f"stage={result.stage} flags={result.flags} error={result.error} details={result.details.get('skipped_input_sets')}"
+
+
+@pytest.mark.parametrize("name", ["floor_divide_correct", "masked_log_softmax_correct", "embedding_correct"])
+def test_correct_kernels_pass_every_set(name, verdicts):
+    result = verdicts[name]
+    assert result.correct, _describe(result)
+    assert "value_sets_skipped" not in result.flags, _describe(result)
+    ran = result.details["sets_run"]
+    assert {"base", "signed", "scale_up", "shift"} <= set(ran), ran
+
+
+@pytest.mark.parametrize("name", ["floor_divide_truncating", "floor_divide_int32", "masked_log_softmax_without_max"])
+def test_kernels_right_on_the_problems_own_values_only_are_rejected(name, verdicts):
+    result = verdicts[name]
+    assert not result.correct and result.error_category == "mismatch", _describe(result)
+    assert result.stage in ("static", "compile", "tiny"), _describe(result)  # the base set passed
+    assert result.flags == [], _describe(result)  # honest wrong kernels, not cheats
+
+
+def test_integer_operands_get_signs_and_magnitudes_past_int32():
+    builder = _built(FLOOR_DIVIDE)
+    for name in ("signed", "scale_up"):
+        (chosen,) = [s for s in builder.sets if s["name"] == name]
+        assert chosen.get("integers_varied") == [0, 1], (name, builder.skipped)
+        a, b = _inputs(builder, name)
+        assert a.dtype == b.dtype == torch.int64
+        assert (a < 0).any() and (a > 0).any() and (b < 0).any() and not (b == 0).any()
+        expected = builder.expected[chosen["expected"]["tensor"]]
+        assert torch.equal(expected, torch.div(a, b, rounding_mode="floor"))
+        assert not torch.equal(expected, torch.div(a, b, rounding_mode="trunc"))
+    a, b = _inputs(builder, "scale_up")
+    assert a.abs().max() > 2 ** 31 and b.abs().max() > 2 ** 31
+    assert (a.abs() < 1000).float().mean() > 0.3  # about half keep the problem's own magnitudes
+    base_a, _ = _inputs(builder, "base")
+    assert 0 <= base_a.min() and base_a.max() < 1000  # the base set is the problem's own
+    assert builder.unanswered == []
+
+
+def test_indices_keep_the_problems_values_and_the_fallback_is_noted():
+    builder = _built(EMBEDDING)
+    names = [s["name"] for s in builder.sets]
+    assert {"signed", "scale_up"} <= set(names), (names, builder.skipped)
+    for name in ("signed", "scale_up"):
+        (ids,) = _inputs(builder, name)
+        assert 0 <= ids.min() and ids.max() < 1000
+    notes = [n for n in builder.skipped if " integers: input 0 kept as drawn" in n]
+    assert len(notes) == 2, builder.skipped
+    assert builder.unanswered == []
+
+
+TARGETS_AFTER_A_CAST = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, logits, targets, weights):
+            # int32 targets cast before use; int weights that are numbers
+            loss = nn.functional.cross_entropy(logits, targets.long(), reduction="none")
+            return loss * weights
+
+    batch = 256
+    classes = 10
+
+    def get_inputs():
+        return [torch.randn(batch, classes), torch.randint(0, classes, (batch,), dtype=torch.int32),
+                torch.randint(1, 5, (batch,))]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def test_index_found_through_a_cast_and_numbers_beside_it_still_varied():
+    builder = _built(TARGETS_AFTER_A_CAST)
+    (chosen,) = [s for s in builder.sets if s["name"] == "signed"]
+    assert chosen.get("integers_varied") == [2], builder.skipped
+    _, targets, weights = _inputs(builder, "signed")
+    assert 0 <= targets.min() and targets.max() < 10 and (weights < 0).any()
+
+
+SIZE_TENSOR = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x, repeats):
+            # an integer tensor whose values are sizes: negatives raise, large ones would allocate
+            return torch.repeat_interleave(x, repeats)
+
+    n = 64
+
+    def get_inputs():
+        return [torch.rand(n), torch.randint(1, 4, (n,))]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def test_sizes_given_as_tensors_keep_their_values():
+    builder = _built(SIZE_TENSOR)
+    (chosen,) = [s for s in builder.sets if s["name"] == "scale_up"]
+    assert "integers_varied" not in chosen
+    _, repeats = _inputs(builder, "scale_up")
+    assert 1 <= repeats.min() and repeats.max() < 4
+    assert builder.unanswered == []
+
+
+def test_masked_outputs_keep_every_value_set_compared_by_position():
+    builder = _built(MASKED_LOG_SOFTMAX)
+    names = [s["name"] for s in builder.sets]
+    assert {"base", "signed", "scale_up", "shift"} <= set(names), (names, builder.skipped)
+    assert builder.unanswered == [] and not [n for n in builder.skipped if "not finite" in n], builder.skipped
+    for name in ("signed", "scale_up", "shift"):
+        (chosen,) = [s for s in builder.sets if s["name"] == name]
+        expected = builder.expected[chosen["expected"]["tensor"]]
+        _, mask = _inputs(builder, name)
+        assert torch.equal(torch.isneginf(expected), mask), name
