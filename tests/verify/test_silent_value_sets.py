@@ -276,3 +276,33 @@ def test_masked_outputs_keep_every_value_set_compared_by_position():
         expected = builder.expected[chosen["expected"]["tensor"]]
         _, mask = _inputs(builder, name)
         assert torch.equal(torch.isneginf(expected), mask), name
+
+
+LENGTHS_AND_SHIFTS = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x, lengths, bits, amounts, counts):
+            # lengths: compared with positions (a mask); amounts: a shift; counts: numbers
+            keep = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+            return (x * keep).sum(1), bits >> amounts, counts * 3 - 1
+
+    def get_inputs():
+        return [torch.rand(32, 64), torch.randint(1, 64, (32,)), torch.randint(0, 1 << 20, (32, 8)),
+                torch.randint(0, 8, (32, 8)), torch.randint(0, 100, (32, 8))]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def test_lengths_compared_with_positions_and_shift_amounts_keep_their_values():
+    """A length that masks positions (``arange(n) < lengths``) is a size though no indexing operator
+    reads it: a kernel may loop up to it. A shift amount counts steps too."""
+    builder = _built(LENGTHS_AND_SHIFTS)
+    (chosen,) = [s for s in builder.sets if s["name"] == "scale_up"]
+    assert chosen.get("integers_varied") == [4], builder.skipped
+    _, lengths, bits, amounts, counts = _inputs(builder, "scale_up")
+    assert 1 <= lengths.min() and lengths.max() < 64 and 0 <= amounts.min() and amounts.max() < 8
+    assert 0 <= bits.min() and counts.abs().max() > 2 ** 31

@@ -33,9 +33,14 @@ WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # integer input that reaches one (itself or anything computed from it) is an index, a class
 # target or a size, and keeps the problem's own values (``_integer_plan``). ``_local_scalar_dense``
 # is ``.item()``: a number read out to size or loop over something.
+# A shift amount and an exponent count steps, as a size does (a kernel may loop that many times).
 INDEX_OPS = ("index", "gather", "scatter", "embedding", "take", "nll_loss", "one_hot", "bincount", "put",
              "searchsorted", "bucketize", "repeat_interleave", "histc", "_local_scalar_dense", "multi_margin",
-             "multilabel_margin", "ctc_loss", "unique")
+             "multilabel_margin", "ctc_loss", "unique", "shift", "pow")
+# Operators that make positions (``arange``), and the comparisons that, between positions and an
+# integer input, make it a length (``arange(n) < lengths[:, None]``: a mask, no indexing operator).
+POSITION_OPS = ("arange", "range", "tril_indices", "triu_indices")
+COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne", "minimum", "maximum", "clamp", "where")
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,8 @@ def _index_watch_class():
     class IndexWatch(TorchDispatchMode):
         """Follows the integer inputs (by storage) through the forward: every operator's outputs
         carry the inputs its arguments came from; ``indices`` holds those that reached an
-        ``INDEX_OPS`` operator."""
+        ``INDEX_OPS`` operator, or a ``COMPARISON_OPS`` one together with positions (-1 in what
+        a tensor carries: made by a ``POSITION_OPS`` operator)."""
 
         def __init__(self, sources: dict[int, int]):
             super().__init__()
@@ -94,10 +100,15 @@ def _index_watch_class():
                 if isinstance(leaf, torch.Tensor):
                     reached |= self.carried.get(_storage_of(leaf), set())
             out = func(*args, **kwargs)
+            name = func.__name__.split(".")[0]
+            if name.rstrip("_") in POSITION_OPS:
+                reached = reached | {-1}
             if reached:
-                name = func.__name__.split(".")[0]
+                inputs = reached - {-1}
                 if any(part in name for part in INDEX_OPS):
-                    self.indices |= reached
+                    self.indices |= inputs
+                elif -1 in reached and name.rstrip("_") in COMPARISON_OPS:
+                    self.indices |= inputs
                 for leaf in tree_leaves(out):
                     if isinstance(leaf, torch.Tensor) and _storage_of(leaf):
                         self.carried.setdefault(_storage_of(leaf), set()).update(reached)
@@ -161,6 +172,7 @@ class ReferenceBuilder:
         self.skipped_sets: list[SkippedSet] = []
         # Sets the reference failed or overflowed on (a retry under the same name may still add them)
         self.refused: set[str] = set()
+        self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -265,6 +277,7 @@ class ReferenceBuilder:
                 return False
         if kind == "base":
             self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
+            self.integer_inputs = any(integer_operand(value) for value in inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
             "numel": numel_of(inputs),
@@ -411,7 +424,7 @@ class ReferenceBuilder:
         import torch
 
         fn = integer_transform(variation)
-        if fn is None:
+        if fn is None or not self.integer_inputs:
             return set(), None
         inputs = self.draw_inputs(self.base, seed)
         candidates = [i for i, value in enumerate(inputs) if integer_operand(value)]
