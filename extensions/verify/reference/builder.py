@@ -32,8 +32,8 @@ WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
 # aten operators (name parts) that read an integer tensor as places or sizes, not as numbers: an
 # integer input that reaches one (itself or anything computed from it) is an index, a class
 # target or a size, and keeps the problem's own values (``_integer_plan``). ``_local_scalar_dense``
-# is ``.item()``: a number read out to size or loop over something.
-# A shift amount and an exponent count steps, as a size does (a kernel may loop that many times).
+# is ``.item()``: a number read out to size or loop over something; a shift amount and an exponent
+# count steps, as a size does (a kernel may loop that many times).
 INDEX_OPS = ("index", "gather", "scatter", "embedding", "take", "nll_loss", "one_hot", "bincount", "put",
              "searchsorted", "bucketize", "repeat_interleave", "histc", "_local_scalar_dense", "multi_margin",
              "multilabel_margin", "ctc_loss", "unique", "shift", "pow")
@@ -124,7 +124,8 @@ def _storage_of(tensor) -> int:
         return 0
 
 
-def _IndexWatch(sources: dict[int, int]):
+def _index_watch(sources: dict[int, int]):
+    """A dispatch mode following the integer inputs (input position by storage address)."""
     return _index_watch_class()(sources)
 
 
@@ -438,7 +439,7 @@ class ReferenceBuilder:
             return map_tensors(values, lambda t: t.to(self.device))
 
         here = moved(inputs)
-        watch = _IndexWatch({here[i].untyped_storage().data_ptr(): i for i in candidates})
+        watch = _index_watch({here[i].untyped_storage().data_ptr(): i for i in candidates})
         try:
             with torch.no_grad(), watch:
                 before = model(*here)
