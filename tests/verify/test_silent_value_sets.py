@@ -23,6 +23,7 @@ from extensions.verify.reference.builder import ReferenceBuilder
 FLOOR_DIVIDE = (catalog.PROBLEMS_DIR / "int_floor_divide.py").read_text()
 MASKED_LOG_SOFTMAX = (catalog.PROBLEMS_DIR / "masked_log_softmax.py").read_text()
 EMBEDDING = (catalog.PROBLEMS_DIR / "embedding_lookup.py").read_text()
+PROJECTED = (catalog.PROBLEMS_DIR / "projected_masked_log_softmax.py").read_text()
 
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": False, "shape_variations": False}
 
@@ -136,6 +137,43 @@ CORRECT_EMBEDDING = textwrap.dedent('''
             return out
 ''')
 
+CORRECT_PROJECTED = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def projected_log_softmax_kernel(x_ptr, w_ptr, b_ptr, mask_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        inside = cols < n
+        x = tl.load(x_ptr + row * n + cols, mask=inside, other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * n + cols[None, :], mask=inside[:, None] & inside[None, :], other=0.0)
+        scores = tl.sum(w * x[None, :], axis=1) + tl.load(b_ptr + cols, mask=inside, other=0.0)
+        masked = tl.load(mask_ptr + row * n + cols, mask=inside, other=1) != 0
+        scores = tl.where(masked | (cols >= n), float("-inf"), scores)
+        top = tl.max(scores, axis=0)
+        total = tl.sum(tl.exp(scores - top), axis=0)
+        tl.store(out_ptr + row * n + cols, scores - top - tl.log(total), mask=inside)
+
+
+    class ModelNew(nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.proj = nn.Linear(features, features)
+
+        def forward(self, x, mask):
+            x, mask = x.float().contiguous(), mask.contiguous()
+            weight, bias = self.proj.weight.contiguous(), self.proj.bias.contiguous()
+            out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
+            block = triton.next_power_of_2(x.shape[1])
+            projected_log_softmax_kernel[(x.shape[0],)](x, weight, bias, mask.view(torch.uint8), out, x.shape[1],
+                                                        BLOCK=block)
+            return out
+''')
+
 CASES = {
     "floor_divide_correct": (FLOOR_DIVIDE, CORRECT_FLOOR_DIVIDE),
     "floor_divide_truncating": (FLOOR_DIVIDE, _wrong("int_division_truncates_toward_zero.py")),
@@ -143,6 +181,8 @@ CASES = {
     "masked_log_softmax_correct": (MASKED_LOG_SOFTMAX, CORRECT_MASKED_LOG_SOFTMAX),
     "masked_log_softmax_without_max": (MASKED_LOG_SOFTMAX, _wrong("masked_log_softmax_without_max.py")),
     "embedding_correct": (EMBEDDING, CORRECT_EMBEDDING),
+    "projected_correct": (PROJECTED, CORRECT_PROJECTED),
+    "projected_without_max": (PROJECTED, _wrong("projected_masked_log_softmax_without_max.py")),
 }
 
 
@@ -160,7 +200,8 @@ def _describe(result) -> str:
     return f"stage={result.stage} flags={result.flags} error={result.error} details={result.details.get('skipped_input_sets')}"
 
 
-@pytest.mark.parametrize("name", ["floor_divide_correct", "masked_log_softmax_correct", "embedding_correct"])
+@pytest.mark.parametrize("name", ["floor_divide_correct", "masked_log_softmax_correct", "embedding_correct",
+                                  "projected_correct"])
 def test_correct_kernels_pass_every_set(name, verdicts):
     result = verdicts[name]
     assert result.correct, _describe(result)
@@ -169,7 +210,8 @@ def test_correct_kernels_pass_every_set(name, verdicts):
     assert {"base", "signed", "scale_up", "shift"} <= set(ran), ran
 
 
-@pytest.mark.parametrize("name", ["floor_divide_truncating", "floor_divide_int32", "masked_log_softmax_without_max"])
+@pytest.mark.parametrize("name", ["floor_divide_truncating", "floor_divide_int32", "masked_log_softmax_without_max",
+                                  "projected_without_max"])
 def test_kernels_right_on_the_problems_own_values_only_are_rejected(name, verdicts):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", _describe(result)
@@ -306,3 +348,24 @@ def test_lengths_compared_with_positions_and_shift_amounts_keep_their_values():
     _, lengths, bits, amounts, counts = _inputs(builder, "scale_up")
     assert 1 <= lengths.min() and lengths.max() < 64 and 0 <= amounts.min() and amounts.max() < 8
     assert 0 <= bits.min() and counts.abs().max() > 2 ** 31
+
+
+def test_masked_outputs_of_a_model_without_an_fp64_run_keep_their_sets():
+    """The projection casts its input, so the model cannot run in fp64 and nothing tells a mask's
+    -inf from overflow that way: a set of the problem's own values is kept as the base set is, and
+    a transformed one where its non-finite places are those of the same draw untransformed. Before,
+    every set but the base one was skipped (tiny, shapes and seeds included)."""
+    builder = _built(PROJECTED)
+    names = [s["name"] for s in builder.sets]
+    assert {"base", "signed", "scale_up", "shift"} <= set(names), (names, builder.skipped)
+    assert builder.unanswered == [], builder.skipped
+    for name in ("signed", "scale_up", "shift"):
+        (chosen,) = [s for s in builder.sets if s["name"] == name]
+        _, mask = _inputs(builder, name)
+        assert torch.equal(torch.isneginf(builder.expected[chosen["expected"]["tensor"]]), mask), name
+
+    overflowing = PROJECTED.replace('return torch.log_softmax(scores.masked_fill(mask, float("-inf")), dim=-1)',
+                                    'return torch.exp(scores.masked_fill(mask, float("-inf")))')
+    builder = _built(overflowing)
+    assert "scale_up" in builder.unanswered, builder.skipped  # new inf where the draw had none: skipped, said
+    assert any("the transform made other values non-finite" in note for note in builder.skipped), builder.skipped

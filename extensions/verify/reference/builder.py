@@ -244,7 +244,7 @@ class ReferenceBuilder:
 
         try:
             init_index = self.init_index(module)
-            inputs = self.draw_inputs(module, seed)
+            inputs = drawn = self.draw_inputs(module, seed)
             if transform is not None:
                 inputs = transform(inputs)
             with torch.no_grad():
@@ -256,7 +256,7 @@ class ReferenceBuilder:
             self.refused.add(name)
             return False
         if not all_finite(out) and kind != "base":
-            why = self._overflowed(init_index, inputs, out)
+            why = self._overflowed(init_index, inputs, out, drawn if transform is not None else None)
             if why:
                 self.skip(name, f"reference output not finite ({why})")
                 self.refused.add(name)
@@ -583,19 +583,45 @@ class ReferenceBuilder:
             return None
         return ambiguous
 
-    def _overflowed(self, init_index: int, inputs: list, out: Any) -> str:
+    def _overflowed(self, init_index: int, inputs: list, out: Any, drawn: list | None = None) -> str:
         """Why the non-finite values of the fp32 reference output ``out`` are not the function's own
         (fp32 overflow or a precision accident, which a correct kernel need not repeat), or ''.
+        ``drawn``: the set's inputs before its value transform (None: the problem's own values).
 
         A masked softmax's -inf, a log of zero or of a negative number are non-finite in fp64 at the
         same places: such a set is kept and compared by position (``compare``: NaN, +inf and -inf
         exactly where the reference has them). Skipping it instead left masked problems with the
-        base set only, where kernels that overflow or assume a row length passed."""
+        base set only, where kernels that overflow or assume a row length passed.
+
+        Where the model cannot run in fp64 (a cast or a dtype fixed inside its forward), a set of
+        the problem's own values (another seed, shape or size) is kept as the base set is, and a
+        transformed one where its non-finite values are exactly those of the same draw without
+        the transform (a mask's -inf at the mask's places): the transform made nothing overflow.
+        Without that, a masked attention that casts its inputs was judged on its base set alone."""
         try:
             wide = self._fp64(init_index, inputs)
-        except Exception as exc:  # noqa: BLE001 - an op without fp64: nothing to tell them apart by
-            return f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: the fp32 model on the draw decides
+            why = f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+            if drawn is None:
+                return ""
+            try:
+                plain = self._fp32_rerun(init_index, drawn)
+            except Exception:  # noqa: BLE001 - the draw itself fails: nothing to compare with
+                return why
+            return "" if same_non_finite(out, plain) else f"{why}; the transform made other values non-finite"
         return "" if same_non_finite(out, wide) else "fp32 overflow: the fp64 run differs in where it is not finite"
+
+    def _fp32_rerun(self, init_index: int, inputs: list) -> Any:
+        """The model of ``init_index`` run again on ``inputs``, as a copy (one with state must not
+        see extra calls)."""
+        import copy
+
+        import torch
+
+        if init_index not in self.fp32_copies:
+            self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
+        with torch.no_grad():
+            return self.fp32_copies[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None,
                  ambiguous: Any = None) -> str:
