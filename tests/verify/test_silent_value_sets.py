@@ -369,3 +369,76 @@ def test_masked_outputs_of_a_model_without_an_fp64_run_keep_their_sets():
     builder = _built(overflowing)
     assert "scale_up" in builder.unanswered, builder.skipped  # new inf where the draw had none: skipped, said
     assert any("the transform made other values non-finite" in note for note in builder.skipped), builder.skipped
+
+
+NORMALISED = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def __init__(self, features):
+            super().__init__()
+            self.ln = nn.LayerNorm(features)
+
+        def forward(self, x):
+            return self.ln(x)
+
+    batch_size = 32
+    features = 256
+
+    def get_inputs():
+        return [torch.rand(batch_size, features)]
+
+    def get_init_inputs():
+        return [features]
+''')
+
+
+def _block_sums(values):
+    """Row sums in fp32 as a Triton kernel takes them: 128 lanes summed across blocks, then the lanes."""
+    pad = (-values.shape[1]) % 128
+    lanes = torch.nn.functional.pad(values, (0, pad)).reshape(values.shape[0], -1, 128)
+    return lanes.sum(1).sum(1)
+
+
+def _one_pass_layer_norm(x, eps=1e-5):
+    mean = _block_sums(x) / x.shape[1]
+    variance = _block_sums(x * x) / x.shape[1] - mean * mean
+    return (x - mean[:, None]) / torch.sqrt(variance[:, None] + eps)
+
+
+def _two_pass_layer_norm(x, eps=1e-5):
+    mean = _block_sums(x) / x.shape[1]
+    centred = x - mean[:, None]
+    return centred / torch.sqrt(_block_sums(centred * centred)[:, None] / x.shape[1] + eps)
+
+
+def test_the_shape_set_shares_a_large_offset_where_the_reference_stays_exact():
+    """The odd-shape set adds 60-120 standard deviations to every float input where the fp32
+    reference matches its fp64 run: a variance taken as E[x^2] - E[x]^2 fails there, one taken
+    about the mean passes. Where the offset cannot be kept (no fp64 run, an output that turns
+    non-finite), the set has the problem's own values and says why."""
+    from extensions.verify.common.compare import compare_outputs
+
+    job = {**JOB, "shape_variations": True}
+    builder = ReferenceBuilder(NORMALISED, job, draw_secret())
+    builder.build()
+    (shape,) = [s for s in builder.sets if s["kind"] == "shape"]
+    assert shape.get("offset"), builder.skipped
+    (x,) = _inputs(builder, shape["name"])
+    assert abs(float(x.mean())) > 50 * float(x.std()), (float(x.mean()), float(x.std()))
+    expected = builder.expected[shape["expected"]["tensor"]]
+    ln = builder.models[shape["init"]].ln  # its weight and bias carry the batch's parameter noise
+    config = VerifierConfig()
+    with torch.no_grad():
+        two_pass = _two_pass_layer_norm(x) * ln.weight + ln.bias
+        one_pass = _one_pass_layer_norm(x) * ln.weight + ln.bias
+    assert compare_outputs(two_pass, expected, config, atol_scale=shape["atol_scale"]) is None
+    assert compare_outputs(one_pass, expected, config, atol_scale=shape["atol_scale"]) is not None
+    (base,) = _inputs(builder, "base")
+    assert 0 <= base.min() and base.max() < 1  # only the shape set is offset
+
+    no_fp64 = ReferenceBuilder(PROJECTED, job, draw_secret())
+    no_fp64.build()
+    (shape,) = [s for s in no_fp64.sets if s["kind"] == "shape"]
+    assert "offset" not in shape and any(n.startswith("shape offset:") for n in no_fp64.skipped), no_fp64.skipped

@@ -22,8 +22,8 @@ from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, integer_operand, integer_transform, transform_integers,
-                         transform_tensors, value_transforms, with_negative_lines, with_outliers, with_scalars_varied,
-                         with_zeros)
+                         transform_tensors, value_transforms, with_negative_lines, with_offset, with_outliers,
+                         with_scalars_varied, with_zeros)
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -143,6 +143,7 @@ class ReferenceBuilder:
         self.outliers = [(top, either, with_outliers(secret["transforms"], float(top), either))
                          for top in secret["transforms"]["scale_up_tops"] for either in (True, False)]
         self.negative_lines = with_negative_lines(secret["transforms"])
+        self.offset = with_offset(secret["transforms"])
         self.exactness = scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
         self.judging = scaled_tolerances(job["tolerances"], 1.0)  # the candidates' own (rounding slack)
         self.fp64_models: dict[int, Any] = {}
@@ -174,6 +175,8 @@ class ReferenceBuilder:
         # Sets the reference failed or overflowed on (a retry under the same name may still add them)
         self.refused: set[str] = set()
         self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
+        self.base_finite = True
+        self.base_inputs: list = []
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -233,13 +236,15 @@ class ReferenceBuilder:
         return list(module.get_inputs())
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK) -> bool:
+                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK,
+                finite: bool = False) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
         in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
         ``atol_scale``: the set's own, where its output's growth would overstate it. Where the
         problem accumulates, each output element's tolerance also has ``_rounding_slack`` (the
-        share ``rounding`` of its terms' magnitudes)."""
+        share ``rounding`` of its terms' magnitudes). With ``finite``, a set whose output is not
+        all finite is left out (a variation that would leave its set nothing but NaN to compare)."""
         import torch
 
         try:
@@ -254,6 +259,9 @@ class ReferenceBuilder:
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
             self.skip(name, f"reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             self.refused.add(name)
+            return False
+        if finite and not all_finite(out):
+            self.skip(name, "reference output not finite")
             return False
         if not all_finite(out) and kind != "base":
             why = self._overflowed(init_index, inputs, out, drawn if transform is not None else None)
@@ -278,6 +286,8 @@ class ReferenceBuilder:
                 return False
         if kind == "base":
             self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
+            self.base_finite = all_finite(out)
+            self.base_inputs = inputs
             self.integer_inputs = any(integer_operand(value) for value in inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
@@ -683,6 +693,9 @@ class ReferenceBuilder:
         arguments = self._constructor_arguments()
         if arguments:
             attempts.insert(0, {**eligible, **arguments})
+        # The first attempt's inputs also get a common offset (``variations.with_offset``) where the
+        # fp32 reference stays exact with it and, if the base output is finite, finite.
+        offset = any(v.is_floating_point() for v in self._base_tensors())
         for changed in attempts[:6]:
             try:
                 module = self.module_at({**self.values, **changed})
@@ -690,10 +703,24 @@ class ReferenceBuilder:
                 self.skip(f"shape {changed}", f"problem failed to load ({type(exc).__name__})")
                 continue
             label = "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items())
+            if offset and self.try_add("shape_" + label, "shape", module, seed,
+                                       lambda inputs: transform_tensors(inputs, self.offset), exact=True,
+                                       finite=self.base_finite):
+                self.sets[-1]["offset"] = True
+                return
+            if offset:
+                # Tried once: the reference's exactness, not the sizes, is what usually fails.
+                offset = False
+                self.skip("shape offset", f"the problem's own values ({self.skipped_sets.pop().reason})")
             if self.try_add("shape_" + label, "shape", module, seed):
                 return
         if not attempts:
             self.skip("shape", "no module-level size constant to vary")
+
+    def _base_tensors(self) -> list:
+        import torch
+
+        return [v for v in self.base_inputs if isinstance(v, torch.Tensor)]
 
     def _wide_cap(self, base_numel: int) -> int:
         """Elements the wide set may hold: a multiple of the cap, or of the problem where uncapped

@@ -6,6 +6,7 @@ candidate never sees; the builder (``builder.py``) decides which are kept.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..common.problem_constants import varied_scalar
@@ -204,3 +205,22 @@ def integer_transform(variation: str) -> Callable | None:
 def transform_integers(values: list, fn, positions) -> list:
     """``values`` with ``fn`` applied to the tensors at ``positions``."""
     return [fn(v) if i in positions else v for i, v in enumerate(values)]
+
+
+def with_offset(params: dict) -> Callable:
+    """The odd-shape set's common offset: each float tensor (of two or more elements) plus
+    ``offset`` times its own standard deviation (``offset`` drawn per batch, 60-120 of either
+    sign). A variance taken as E[x^2] - E[x]^2 loses its digits to the offset squared (a LayerNorm
+    so computed is off by 1e-3 at 60 deviations, 5e-3 at 100); one taken about the mean stays
+    within 1.5e-5. Kept only where the fp32 reference matches its fp64 run (``builder``)."""
+    k = float(params.get("offset", 0.0))
+
+    def offset(x):
+        if not k or x.numel() < 2:
+            return x
+        spread = float(x.double().std())
+        if not math.isfinite(spread) or spread == 0.0:
+            return x
+        return x + k * spread
+
+    return offset
