@@ -175,8 +175,8 @@ class ReferenceBuilder:
         # Sets the reference failed or overflowed on (a retry under the same name may still add them)
         self.refused: set[str] = set()
         self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
-        self.base_finite = True
-        self.base_inputs: list = []
+        self.base_finite = True  # the base set's output, and whether its inputs hold a float tensor
+        self.float_inputs = False
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -287,7 +287,7 @@ class ReferenceBuilder:
         if kind == "base":
             self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
             self.base_finite = all_finite(out)
-            self.base_inputs = inputs
+            self.float_inputs = any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in inputs)
             self.integer_inputs = any(integer_operand(value) for value in inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
@@ -695,7 +695,7 @@ class ReferenceBuilder:
             attempts.insert(0, {**eligible, **arguments})
         # The first attempt's inputs also get a common offset (``variations.with_offset``) where the
         # fp32 reference stays exact with it and, if the base output is finite, finite.
-        offset = any(v.is_floating_point() for v in self._base_tensors())
+        offset = self.float_inputs
         for changed in attempts[:6]:
             try:
                 module = self.module_at({**self.values, **changed})
@@ -716,11 +716,6 @@ class ReferenceBuilder:
                 return
         if not attempts:
             self.skip("shape", "no module-level size constant to vary")
-
-    def _base_tensors(self) -> list:
-        import torch
-
-        return [v for v in self.base_inputs if isinstance(v, torch.Tensor)]
 
     def _wide_cap(self, base_numel: int) -> int:
         """Elements the wide set may hold: a multiple of the cap, or of the problem where uncapped
