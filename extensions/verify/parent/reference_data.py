@@ -54,6 +54,9 @@ def draw_secret() -> dict:
             # Below the tensor's maximum by this much, then scaled by ``shift_scale``.
             "shift": rng.uniform(1.5, 3.5),
             "shift_scale": 10 ** rng.uniform(2.0, 2.5),
+            # The odd-shape set's common offset, in standard deviations of each float input
+            # (``reference.variations.with_offset``).
+            "offset": rng.uniform(60.0, 120.0) * rng.choice((-1.0, 1.0)),
         },
         # The odd-shape set also varies the float constants that reach the constructor.
         "scalar_factor": rng.choice((rng.uniform(0.6, 0.8), rng.uniform(1.25, 1.6))),

@@ -21,13 +21,26 @@ from ..common.tensor_io import map_tensors, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, transform_tensors, value_transforms, with_negative_lines,
-                         with_outliers, with_scalars_varied, with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, integer_operand, integer_transform, transform_integers,
+                         transform_tensors, value_transforms, with_negative_lines, with_offset, with_outliers,
+                         with_scalars_varied, with_zeros)
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
 # with it; on CUDA its inputs cross the sandbox as files.
 WIDE_CAP_MULTIPLE = {"cpu": 4, "cuda": 2}
+# aten operators (name parts) that read an integer tensor as places or sizes, not as numbers: an
+# integer input that reaches one (itself or anything computed from it) is an index, a class
+# target or a size, and keeps the problem's own values (``_integer_plan``). ``_local_scalar_dense``
+# is ``.item()``: a number read out to size or loop over something; a shift amount and an exponent
+# count steps, as a size does (a kernel may loop that many times).
+INDEX_OPS = ("index", "gather", "scatter", "embedding", "take", "nll_loss", "one_hot", "bincount", "put",
+             "searchsorted", "bucketize", "repeat_interleave", "histc", "_local_scalar_dense", "multi_margin",
+             "multilabel_margin", "ctc_loss", "unique", "shift", "pow")
+# Operators that make positions (``arange``), and the comparisons that, between positions and an
+# integer input, make it a length (``arange(n) < lengths[:, None]``: a mask, no indexing operator).
+POSITION_OPS = ("arange", "range", "tril_indices", "triu_indices")
+COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne", "minimum", "maximum", "clamp", "where")
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,70 @@ def same_init(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _same_shapes(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_same_shapes(x, y) for x, y in zip(a, b)))
+    return type(a) is type(b)
+
+
+def _index_watch_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    import torch
+
+    class IndexWatch(TorchDispatchMode):
+        """Follows the integer inputs (by storage) through the forward: every operator's outputs
+        carry the inputs its arguments came from; ``indices`` holds those that reached an
+        ``INDEX_OPS`` operator, or a ``COMPARISON_OPS`` one together with positions (-1 in what
+        a tensor carries: made by a ``POSITION_OPS`` operator)."""
+
+        def __init__(self, sources: dict[int, int]):
+            super().__init__()
+            self.carried: dict[int, set[int]] = {ptr: {i} for ptr, i in sources.items() if ptr}
+            self.indices: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            reached: set[int] = set()
+            for leaf in tree_leaves((args, kwargs)):
+                if isinstance(leaf, torch.Tensor):
+                    reached |= self.carried.get(_storage_of(leaf), set())
+            out = func(*args, **kwargs)
+            name = func.__name__.split(".")[0]
+            if name.rstrip("_") in POSITION_OPS:
+                reached = reached | {-1}
+            if reached:
+                inputs = reached - {-1}
+                if any(part in name for part in INDEX_OPS):
+                    self.indices |= inputs
+                elif -1 in reached and name.rstrip("_") in COMPARISON_OPS:
+                    self.indices |= inputs
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor) and _storage_of(leaf):
+                        self.carried.setdefault(_storage_of(leaf), set()).update(reached)
+            return out
+
+    return IndexWatch
+
+
+def _storage_of(tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (meta, a subclass)
+        return 0
+
+
+def _index_watch(sources: dict[int, int]):
+    """A dispatch mode following the integer inputs (input position by storage address)."""
+    return _index_watch_class()(sources)
+
+
 class ReferenceBuilder:
     def __init__(self, source: str, job: dict, secret: dict):
         import torch
@@ -66,6 +143,7 @@ class ReferenceBuilder:
         self.outliers = [(top, either, with_outliers(secret["transforms"], float(top), either))
                          for top in secret["transforms"]["scale_up_tops"] for either in (True, False)]
         self.negative_lines = with_negative_lines(secret["transforms"])
+        self.offset = with_offset(secret["transforms"])
         self.exactness = scaled_tolerances(job["tolerances"], EXACTNESS_MARGIN)
         self.judging = scaled_tolerances(job["tolerances"], 1.0)  # the candidates' own (rounding slack)
         self.fp64_models: dict[int, Any] = {}
@@ -96,6 +174,9 @@ class ReferenceBuilder:
         self.skipped_sets: list[SkippedSet] = []
         # Sets the reference failed or overflowed on (a retry under the same name may still add them)
         self.refused: set[str] = set()
+        self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
+        self.base_finite = True  # the base set's output, and whether its inputs hold a float tensor
+        self.float_inputs = False
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -155,18 +236,20 @@ class ReferenceBuilder:
         return list(module.get_inputs())
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
-                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK) -> bool:
+                exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK,
+                finite: bool = False) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
         in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run.
         ``atol_scale``: the set's own, where its output's growth would overstate it. Where the
         problem accumulates, each output element's tolerance also has ``_rounding_slack`` (the
-        share ``rounding`` of its terms' magnitudes)."""
+        share ``rounding`` of its terms' magnitudes). With ``finite``, a set whose output is not
+        all finite is left out (a variation that would leave its set nothing but NaN to compare)."""
         import torch
 
         try:
             init_index = self.init_index(module)
-            inputs = self.draw_inputs(module, seed)
+            inputs = drawn = self.draw_inputs(module, seed)
             if transform is not None:
                 inputs = transform(inputs)
             with torch.no_grad():
@@ -177,8 +260,11 @@ class ReferenceBuilder:
             self.skip(name, f"reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             self.refused.add(name)
             return False
+        if finite and not all_finite(out):
+            self.skip(name, "reference output not finite")
+            return False
         if not all_finite(out) and kind != "base":
-            why = self._overflowed(init_index, inputs, out)
+            why = self._overflowed(init_index, inputs, out, drawn if transform is not None else None)
             if why:
                 self.skip(name, f"reference output not finite ({why})")
                 self.refused.add(name)
@@ -200,6 +286,9 @@ class ReferenceBuilder:
                 return False
         if kind == "base":
             self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
+            self.base_finite = all_finite(out)
+            self.float_inputs = any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in inputs)
+            self.integer_inputs = any(integer_operand(value) for value in inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
             "numel": numel_of(inputs),
@@ -266,15 +355,28 @@ class ReferenceBuilder:
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
         exact zeros and the Python float inputs varied too; where the reference rejects those (a
-        division by an input, a probability above 1), the tensors' transform alone."""
+        division by an input, a probability above 1), the tensors' transform alone. Integer inputs
+        that are numbers, not places (``_integer_plan``), get signs and, in ``scale_up``, large
+        magnitudes; where no form of the set runs with them, it is built with them as drawn."""
+        positions, integer_fn = self._integer_plan(variation, seed)
+        if self._add_values(variation, seed, positions, integer_fn) or not positions:
+            return
+        self.skip(f"{variation} integers", f"inputs {sorted(positions)} kept as drawn (the set failed with them varied)")
+        self._add_values(variation, seed, set(), None)
+
+    def _add_values(self, variation: str, seed: int, positions: set[int], integer_fn) -> bool:
+        """``_add_value_set`` with the integer inputs at ``positions`` passed through ``integer_fn``."""
         fn = self.transforms[variation]
+
+        def integers(inputs: list) -> list:
+            return transform_integers(inputs, integer_fn, positions) if positions else inputs
 
         def everything(tensor_fn) -> Callable:
             def transform(inputs: list) -> list:
                 varied = transform_tensors(inputs, tensor_fn)
                 if variation in WITH_ZEROS:
                     varied = transform_tensors(varied, with_zeros)
-                return with_scalars_varied(varied, self.scalar_factor)
+                return with_scalars_varied(integers(varied), self.scalar_factor)
             return transform
 
         if variation == "scale_up":
@@ -288,11 +390,12 @@ class ReferenceBuilder:
             for top, either, outliers in self.outliers:
                 label = f"1e{top:.1f}{' either sign' if either else ''}"
                 if self.try_add(variation, "values", self.base, seed,
-                                lambda inputs, outliers=outliers: transform_tensors(inputs, outliers),
+                                lambda inputs, outliers=outliers: integers(transform_tensors(inputs, outliers)),
                                 exact=True, atol_scale=1.0, rounding=OUTLIER_ROUNDING_SLACK):
                     self.sets[-1]["spread_top"] = round(top, 2)
                     self.sets[-1]["outlier_signs"] = "either" if either else "own"
-                    return
+                    self._note_integers(positions)
+                    return True
                 reasons.append(f"{label}: {self.skipped_sets.pop().reason}")
             self.skip(variation, f"one factor for every element (outliers {'; '.join(reasons)})")
         if variation == "shift":
@@ -302,14 +405,79 @@ class ReferenceBuilder:
             if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
                             exact=True, rounding=OUTLIER_ROUNDING_SLACK):
                 self.sets[-1]["negative_lines"] = True
-                return
+                return True
             why = self.skipped_sets.pop().reason
             self.skip(variation, f"every element shifted (lines: {why})")
         if self.try_add(variation, "values", self.base, seed, everything(fn)):
-            return
+            self._note_integers(positions)
+            return True
         why = self.skipped_sets.pop().reason
-        if self.try_add(variation, "values", self.base, seed, lambda inputs: transform_tensors(inputs, fn)):
+        if self.try_add(variation, "values", self.base, seed, lambda inputs: integers(transform_tensors(inputs, fn))):
+            self._note_integers(positions)
             self.skip(variation, f"without exact zeros and varied float inputs ({why})")
+            return True
+        return False
+
+    def _note_integers(self, positions: set[int]) -> None:
+        if positions:
+            self.sets[-1]["integers_varied"] = sorted(positions)
+
+    def _integer_plan(self, variation: str, seed: int) -> tuple[set[int], Any]:
+        """The integer inputs ``variation`` may vary (``variations.integer_transform``), and the
+        transform: each signed integer tensor of the set's draw that is a number the problem
+        computes with. One is kept as drawn, and noted in ``skipped``, where it (or anything
+        computed from it) reaches an ``INDEX_OPS`` operator (an index, a class target, a size
+        read with ``.item()``), or where the reference, given it varied alone, fails, changes its
+        output's structure or shapes, or turns a finite output non-finite. The runs use a copy
+        of the base model (one with state must not see extra calls)."""
+        import copy
+
+        import torch
+
+        fn = integer_transform(variation)
+        if fn is None or not self.integer_inputs:
+            return set(), None
+        inputs = self.draw_inputs(self.base, seed)
+        candidates = [i for i, value in enumerate(inputs) if integer_operand(value)]
+        if not candidates:
+            return set(), None
+        if 0 not in self.fp32_copies:
+            self.fp32_copies[0] = copy.deepcopy(self.models[0])
+        model = self.fp32_copies[0]
+
+        def moved(values: list) -> list:
+            return map_tensors(values, lambda t: t.to(self.device))
+
+        here = moved(inputs)
+        watch = _index_watch({here[i].untyped_storage().data_ptr(): i for i in candidates})
+        try:
+            with torch.no_grad(), watch:
+                before = model(*here)
+        except Exception:  # noqa: BLE001 - the set itself will say why
+            return set(), None
+        kept: set[int] = set()
+        for i in candidates:
+            why = ""
+            if i in watch.indices:
+                why = "an index, a class target or a size"
+            else:
+                trial = list(inputs)
+                trial[i] = fn(inputs[i])
+                try:
+                    with torch.no_grad():
+                        after = model(*moved(trial))
+                except Exception as exc:  # noqa: BLE001 - the problem's reference rejects such values
+                    why = f"reference failed ({type(exc).__name__})"
+                else:
+                    if not _same_shapes(before, after):
+                        why = "the output's shapes changed"
+                    elif all_finite(before) and not all_finite(after):
+                        why = "the output turned non-finite"
+            if why:
+                self.skip(f"{variation} integers", f"input {i} kept as drawn ({why})")
+            else:
+                kept.add(i)
+        return kept, fn
 
     def model_bytes(self) -> int:
         """The largest reference model's parameters and buffers: a worker builds the model on the
@@ -425,19 +593,45 @@ class ReferenceBuilder:
             return None
         return ambiguous
 
-    def _overflowed(self, init_index: int, inputs: list, out: Any) -> str:
+    def _overflowed(self, init_index: int, inputs: list, out: Any, drawn: list | None = None) -> str:
         """Why the non-finite values of the fp32 reference output ``out`` are not the function's own
         (fp32 overflow or a precision accident, which a correct kernel need not repeat), or ''.
+        ``drawn``: the set's inputs before its value transform (None: the problem's own values).
 
         A masked softmax's -inf, a log of zero or of a negative number are non-finite in fp64 at the
         same places: such a set is kept and compared by position (``compare``: NaN, +inf and -inf
         exactly where the reference has them). Skipping it instead left masked problems with the
-        base set only, where kernels that overflow or assume a row length passed."""
+        base set only, where kernels that overflow or assume a row length passed.
+
+        Where the model cannot run in fp64 (a cast or a dtype fixed inside its forward), a set of
+        the problem's own values (another seed, shape or size) is kept as the base set is, and a
+        transformed one where its non-finite values are exactly those of the same draw without
+        the transform (a mask's -inf at the mask's places): the transform made nothing overflow.
+        Without that, a masked attention that casts its inputs was judged on its base set alone."""
         try:
             wide = self._fp64(init_index, inputs)
-        except Exception as exc:  # noqa: BLE001 - an op without fp64: nothing to tell them apart by
-            return f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+        except Exception as exc:  # noqa: BLE001 - an op without fp64: the fp32 model on the draw decides
+            why = f"no fp64 run to tell overflow from the function's own ({type(exc).__name__})"
+            if drawn is None:
+                return ""
+            try:
+                plain = self._fp32_rerun(init_index, drawn)
+            except Exception:  # noqa: BLE001 - the draw itself fails: nothing to compare with
+                return why
+            return "" if same_non_finite(out, plain) else f"{why}; the transform made other values non-finite"
         return "" if same_non_finite(out, wide) else "fp32 overflow: the fp64 run differs in where it is not finite"
+
+    def _fp32_rerun(self, init_index: int, inputs: list) -> Any:
+        """The model of ``init_index`` run again on ``inputs``, as a copy (one with state must not
+        see extra calls)."""
+        import copy
+
+        import torch
+
+        if init_index not in self.fp32_copies:
+            self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
+        with torch.no_grad():
+            return self.fp32_copies[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None,
                  ambiguous: Any = None) -> str:
@@ -499,6 +693,9 @@ class ReferenceBuilder:
         arguments = self._constructor_arguments()
         if arguments:
             attempts.insert(0, {**eligible, **arguments})
+        # The first attempt's inputs also get a common offset (``variations.with_offset``) where the
+        # fp32 reference stays exact with it and, if the base output is finite, finite.
+        offset = self.float_inputs
         for changed in attempts[:6]:
             try:
                 module = self.module_at({**self.values, **changed})
@@ -506,6 +703,15 @@ class ReferenceBuilder:
                 self.skip(f"shape {changed}", f"problem failed to load ({type(exc).__name__})")
                 continue
             label = "_".join(f"{n}{v:g}" if isinstance(v, float) else f"{n}{v}" for n, v in changed.items())
+            if offset and self.try_add("shape_" + label, "shape", module, seed,
+                                       lambda inputs: transform_tensors(inputs, self.offset), exact=True,
+                                       finite=self.base_finite):
+                self.sets[-1]["offset"] = True
+                return
+            if offset:
+                # Tried once: the reference's exactness, not the sizes, is what usually fails.
+                offset = False
+                self.skip("shape offset", f"the problem's own values ({self.skipped_sets.pop().reason})")
             if self.try_add("shape_" + label, "shape", module, seed):
                 return
         if not attempts:

@@ -20,7 +20,9 @@ and the problem's Python float inputs varied, with parameters drawn per batch) a
 set whose non-batch sizes exceed the problem's own (and, on CPU, whose elements exceed the cap).
 A variation whose reference fails, or turns non-finite where its fp64 run does not (overflow), is
 skipped and reported; non-finite values the fp64 run shares (masking, log of zero) are compared by
-position.
+position, and so, for a model with no fp64 run, are those the same draw has without the transform.
+Integer inputs that are numbers (not indices, targets or sizes) get signs and large magnitudes in
+the signed and large sets.
 
 ``--serve`` builds one problem after another in the same process, so that torch's import and the
 CUDA context are paid once per batch instead of once per problem (torch's import alone was 4.8 of a

@@ -6,6 +6,7 @@ candidate never sees; the builder (``builder.py``) decides which are kept.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..common.problem_constants import varied_scalar
@@ -148,3 +149,78 @@ def with_scalars_varied(values: list, factor: float) -> list:
     as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
     at that value only."""
     return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
+
+
+# Integer inputs: the variations that give them other values, and the share of elements made large.
+# ``signed``: about half the elements negated (the problem's ``torch.randint(0, n)`` draws none, and
+# C's truncating division agrees with Python's floor division on them). ``scale_up``: signs as
+# ``signed``, and about half the elements times a large factor: for int64 past 2^31 (a kernel that
+# narrows to int32 wraps there), for int32 up to its range. Never a new zero (a divisor stays one).
+INTEGER_VARIATIONS = ("signed", "scale_up")
+INTEGER_LARGE_SHARE = 0.5
+# Integer dtypes whose values are varied: signed ones only (uint8 has no negative value; bool none).
+INTEGER_DTYPES = ("torch.int8", "torch.int16", "torch.int32", "torch.int64")
+
+
+def integer_operand(value) -> bool:
+    """Whether ``value`` is an integer tensor of a signed dtype with more than one element (a
+    0-d or one-element tensor is taken for a size or a count, never varied)."""
+    import torch
+
+    return isinstance(value, torch.Tensor) and str(value.dtype) in INTEGER_DTYPES and value.numel() > 1
+
+
+def integer_transform(variation: str) -> Callable | None:
+    """The transform of an integer tensor for ``variation`` (``INTEGER_VARIATIONS``), or None."""
+    if variation not in INTEGER_VARIATIONS:
+        return None
+
+    def signs(x):
+        import torch
+
+        flip = torch.rand(x.shape, device=x.device) < 0.5
+        return torch.where(flip, -x, x)
+
+    def large(x):
+        import torch
+
+        x = signs(x)
+        top = int(x.abs().max()) if x.numel() else 0
+        if top == 0:
+            return x
+        limit = (2 ** 62 if x.dtype == torch.int64 else torch.iinfo(x.dtype).max) // top
+        if x.dtype == torch.int64:
+            low, high = 2 ** 31, min(limit, 2 ** 33)
+        else:
+            low, high = max(1, limit // 4), limit
+        if high <= low:
+            return x
+        factor = torch.randint(low, high, x.shape, device=x.device, dtype=torch.int64).to(x.dtype)
+        grown = torch.rand(x.shape, device=x.device) < INTEGER_LARGE_SHARE
+        return torch.where(grown, x * factor, x)
+
+    return signs if variation == "signed" else large
+
+
+def transform_integers(values: list, fn, positions) -> list:
+    """``values`` with ``fn`` applied to the tensors at ``positions``."""
+    return [fn(v) if i in positions else v for i, v in enumerate(values)]
+
+
+def with_offset(params: dict) -> Callable:
+    """The odd-shape set's common offset: each float tensor (of two or more elements) plus
+    ``offset`` times its own standard deviation (``offset`` drawn per batch, 60-120 of either
+    sign). A variance taken as E[x^2] - E[x]^2 loses its digits to the offset squared (a LayerNorm
+    so computed is off by 1e-3 at 60 deviations, 5e-3 at 100); one taken about the mean stays
+    within 1.5e-5. Kept only where the fp32 reference matches its fp64 run (``builder``)."""
+    k = float(params.get("offset", 0.0))
+
+    def offset(x):
+        if not k or x.numel() < 2:
+            return x
+        spread = float(x.double().std())
+        if not math.isfinite(spread) or spread == 0.0:
+            return x
+        return x + k * spread
+
+    return offset
