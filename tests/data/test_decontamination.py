@@ -178,8 +178,8 @@ def test_synthesizer_screens_programs_by_computation(tmp_path, kernelbench_rows)
                 Program("gelu_scale_0", "activation", GELU_THEN_SCALE, False)]
     report = SynthesisReport()
     dropped = _Appender(tmp_path / "dropped.jsonl")
-    kept = screen_programs(programs, SynthesisOptions(out=tmp_path / "out.jsonl", eval_tasks=[eval_tasks]), report,
-                           dropped)
+    kept = list(screen_programs(programs, SynthesisOptions(out=tmp_path / "out.jsonl", eval_tasks=[eval_tasks]),
+                                report, dropped))  # screened as the capture loop asks for them
     dropped.close()
     assert [p.name for p in kept] == ["gelu_scale_0"]
     assert report.dropped == {"same_computation_as_eval_problem": 1}
