@@ -96,22 +96,31 @@ def record_calls(path: Path, judge):
     return judging
 
 
-def synthetic_config(root: Path, model_dir: Path, overrides=()):
-    """A config for a few fast rounds on the tiny model, with four short level-1 tasks."""
+def tiny_rl_run(root: Path, model_dir: Path, settings, tasks: list[dict]):
+    """The smoke config on the tiny model at ``model_dir`` under ``root``, with ``settings`` and
+    ``tasks`` as the RL tasks: (config, run paths)."""
     from extensions.config import load_config
     from extensions.runtime.paths import RunPaths
-    from extensions.models.tiny import tiny_rl_tasks
 
     cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [
         f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
-        "rl.tasks_per_round=4", "rl.samples_per_task=8", "rl.max_new_tokens=8", "rl.temperature=1.0", "rl.top_p=1.0",
-        "rl.generation_batch_size=32", "rl.per_device_batch_size=8", "rl.gradient_accumulation_steps=1",
-        "rl.reward_threshold=0.0", "rl.top_k=2", "rl.init=base", "prompt.mode=plain", "lora.r=8", "lora.dropout=0.0", "sft.max_seq_len=2048",
-        LEARNING_LORA, *overrides,
+        "rl.init=base", "prompt.mode=plain", "sft.max_seq_len=2048", *settings,
     ])
     paths = RunPaths.from_config(cfg)
     paths.processed.mkdir(parents=True, exist_ok=True)
-    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(4, levels=(1,))))
+    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return cfg, paths
+
+
+def synthetic_config(root: Path, model_dir: Path, overrides=()):
+    """A config for a few fast rounds on the tiny model, with four short level-1 tasks."""
+    from extensions.models.tiny import tiny_rl_tasks
+
+    cfg, _ = tiny_rl_run(root, model_dir, [
+        "rl.tasks_per_round=4", "rl.samples_per_task=8", "rl.max_new_tokens=8", "rl.temperature=1.0", "rl.top_p=1.0",
+        "rl.generation_batch_size=32", "rl.per_device_batch_size=8", "rl.gradient_accumulation_steps=1",
+        "rl.reward_threshold=0.0", "rl.top_k=2", "lora.r=8", "lora.dropout=0.0", LEARNING_LORA, *overrides,
+    ], tiny_rl_tasks(4, levels=(1,)))
     return cfg
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from extensions.runtime import checkpoints
-from extensions.config import load_config
 from extensions.runtime.paths import RunPaths
 from extensions.training import rl as rl_module
 from extensions.training.candidates import CandidateLog, sample_record, verdict_record
@@ -19,7 +18,7 @@ from extensions.training.round_stats import round_statistics
 from extensions.training.rollouts import Candidate
 from extensions.models.tiny import save_tiny_model, tiny_rl_tasks, tiny_solution_code, tiny_task_code
 from extensions.verify.result import VerifyResult
-from project_paths import PROJECT_ROOT
+from rl_synthetic import tiny_rl_run
 
 
 
@@ -101,17 +100,11 @@ def model_dir(tmp_path_factory):
 
 
 def _rl_config(root: Path, model_dir: Path, extra=()):
-    cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [
-        f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
+    return tiny_rl_run(root, model_dir, [
         "rl.num_rounds=2", "rl.tasks_per_round=3", "rl.samples_per_task=3", "rl.top_k=2", "rl.max_new_tokens=12",
-        "rl.generation_batch_size=6", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2", "prompt.mode=plain",
-        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=2048", "lora.r=4",
-        "rl.init=base", *extra,
-    ])
-    paths = RunPaths.from_config(cfg)
-    paths.processed.mkdir(parents=True, exist_ok=True)
-    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(6)))
-    return cfg, paths
+        "rl.generation_batch_size=6", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2",
+        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "lora.r=4", *extra,
+    ], tiny_rl_tasks(6))
 
 
 def _log_records(paths: RunPaths, round_index: int) -> list[dict]:

@@ -22,15 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from extensions.config import load_config
 from extensions.models.tiny import save_tiny_model, tiny_rl_tasks
 from extensions.runtime.interrupt import SaveSignal
 from extensions.runtime.paths import RunPaths
 from extensions.training import rollouts as rollouts_module
 from extensions.training.rl import run_rl
 from extensions.verify.result import VerifyResult
-from project_paths import PROJECT_ROOT
-from rl_synthetic import vowel_reward
+from rl_synthetic import tiny_rl_run, vowel_reward
 from sandbox_support import adopting_orphans
 
 # In the command line of every process the verifier starts: fork servers and the workers forked
@@ -46,17 +44,11 @@ def model_dir(tmp_path_factory):
 
 def _config(root: Path, model_dir: Path, extra=()):
     """Three tasks of two samples, one task per sampled chunk: three chunks a round."""
-    cfg = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", [
-        f"run.root={root}", f"model.name_or_path={model_dir}", "model.gguf_file=null", "model.dtype=float32",
+    return tiny_rl_run(root, model_dir, [
         "rl.num_rounds=1", "rl.tasks_per_round=3", "rl.samples_per_task=2", "rl.top_k=1", "rl.max_new_tokens=12",
-        "rl.generation_batch_size=2", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2", "prompt.mode=plain",
-        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "sft.max_seq_len=2048", "lora.r=4",
-        "rl.init=base", *extra,
-    ])
-    paths = RunPaths.from_config(cfg)
-    paths.processed.mkdir(parents=True, exist_ok=True)
-    paths.rl_tasks.write_text("".join(json.dumps(t) + "\n" for t in tiny_rl_tasks(6)))
-    return cfg, paths
+        "rl.generation_batch_size=2", "rl.verify_chunk_size=4", "rl.per_device_batch_size=2",
+        "rl.gradient_accumulation_steps=1", "rl.learning_rate=0.001", "lora.r=4", *extra,
+    ], tiny_rl_tasks(6))
 
 
 def _records(paths: RunPaths) -> list[dict]:

@@ -371,34 +371,34 @@ def _member_allowed(api: frozenset[str], name: str, namespace: str = "") -> bool
     return False
 
 
-@functools.lru_cache(maxsize=4096)
-def names_module(qualified: str) -> bool:
-    """Whether ``qualified`` (rooted at an allowed import) is a module object at run time. Looked
-    up on the modules the verifier itself imports; nothing is imported that is not already an
-    allowed import."""
+_UNRESOLVED = object()
+
+
+def _resolve(qualified: str):
+    """The object ``qualified`` (rooted at an allowed import) names at run time, or ``_UNRESOLVED``.
+    Looked up on the modules the verifier itself imports; nothing is imported that is not already
+    an allowed import."""
     parts = qualified.split(".")
     if parts[0] not in _IMPORTABLE_ROOTS:
-        return False
+        return _UNRESOLVED
     try:
         obj = importlib.import_module(parts[0])
         for part in parts[1:]:
             obj = getattr(obj, part)
-    except Exception:  # noqa: BLE001 - an unknown name is simply not a module
-        return False
-    return isinstance(obj, types.ModuleType)
+    except Exception:  # noqa: BLE001 - an unknown name is simply not a module or class
+        return _UNRESOLVED
+    return obj
+
+
+@functools.lru_cache(maxsize=4096)
+def names_module(qualified: str) -> bool:
+    """Whether ``qualified`` (rooted at an allowed import) is a module object at run time."""
+    return isinstance(_resolve(qualified), types.ModuleType)
 
 
 def _installed_class(qualified: str):
     """The class ``qualified`` (rooted at an allowed import) names at run time, or None."""
-    parts = qualified.split(".")
-    if parts[0] not in _IMPORTABLE_ROOTS:
-        return None
-    try:
-        obj = importlib.import_module(parts[0])
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except Exception:  # noqa: BLE001 - an unknown name is simply not a class
-        return None
+    obj = _resolve(qualified)
     return obj if isinstance(obj, type) else None
 
 
