@@ -138,6 +138,10 @@ class PairVerification:
                                             expected=self._expected)
         return self._session
 
+    def slots(self) -> int:
+        """The session's worker slots (opens it: the caller is about to verify)."""
+        return self._open_session().pool.size
+
     def submit_many(self, pairs: Sequence[KernelBookPair]) -> "list[Future[PairVerdict]]":
         from ..verify import VerifyRequest
 

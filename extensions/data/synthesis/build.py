@@ -304,7 +304,7 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
 
     config = VerifierConfig(device=options.verify_device, workers=options.verify_workers)
     verification = PairVerification(config, expected=len(by_digest))
-    ahead = max(8, 3 * verification_slots(config))
+    ahead = max(8, 3 * verification.slots())
     verify_started = time.time()
 
     last_report = [0.0]
@@ -419,16 +419,6 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
         report.verify_seconds = time.time() - verify_started
         if bar is not None:
             bar.close()
-
-
-def verification_slots(config) -> int:
-    """The verifier's worker slots under ``config`` (as its session will choose them)."""
-    from ...verify.parent.device_pool import DevicePool
-
-    try:
-        return DevicePool(config.device, config.workers).size
-    except Exception:  # noqa: BLE001 - no device: the session says so when it starts
-        return 1
 
 
 def format_report(report: SynthesisReport) -> str:
