@@ -8,16 +8,20 @@ held-out one or computing what one computes is dropped, and the data stage drops
 (and so every retrieval example) that does either; all of it is counted and named in the results.
 Then the project's own stages on it:
 
+    data       the data stage alone (split, pair verification, decontamination); needs no model, and
+               every other phase runs it first (a no-op once done)
     base       evaluate the base model on the held-out tasks
     sft        LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
                pairs, verified and decontaminated against the held-out tasks)
     sft_eval   evaluate sft/final
-    rl         Best-of-N RL rounds on the RL-training tasks (resumes after the last finished round)
+    rl         Best-of-N RL rounds (resumes after the last finished round) on the RL-training tasks:
+               the split's KernelBench problems and the data stage's RL share of the synthesized
+               programs (problems whose pairs are in neither SFT split, decontaminated like them)
     rl_eval    evaluate every round-NNN (rl_eval_<n>: round n only)
     report     correct rate, fast_1 and pass@k (pass@1 and pass@8 at 8 samples) per model with
                bootstrap 95% intervals over tasks, paired differences between consecutive models,
                the decontamination report, a table and a plot of the held-out correct rate
-               against the RL round
+               against the RL round; every model's answers and verdicts are saved beside them
 
 Every model is evaluated with the same seeds (each task's sampling seed comes from eval.seed and
 the task id). Each phase is sized to fit a 10-minute GPU call on its own.
@@ -28,7 +32,8 @@ given and the report. Every phase is skipped when its result exists, so the same
 after a time limit; each phase's wall-clock time is recorded. The split is saved with the results.
 
     python bench/learning_signal.py --kernelbench ../shared/kernelbench/kernelbench_problems.jsonl \\
-        --work /tmp/ls --out outputs/learning_signal --phases base
+        --work /tmp/ls --out outputs/learning_signal --phases data
+    python bench/learning_signal.py ... --phases base
     python bench/learning_signal.py ... --phases sft
     python bench/learning_signal.py ... --phases sft_eval
     python bench/learning_signal.py ... --phases rl
@@ -46,7 +51,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PHASES = ("base", "sft", "sft_eval", "rl", "rl_eval", "report")
+PHASES = ("data", "base", "sft", "sft_eval", "rl", "rl_eval", "report")
 SPLIT_SALT = "learning-signal-v1"
 
 
@@ -177,9 +182,10 @@ def write_split(args, work: Path) -> dict:
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "learning-signal.yaml"
 
 
-def build_config(args, work: Path):
+def build_config(args, work: Path, rl_pool: Optional[int] = None):
     """configs/learning-signal.yaml (the run a user makes with run_pipeline.sh) with this benchmark's
-    split and run directory, and the settings given on the command line."""
+    split and run directory, and the settings given on the command line. ``rl_pool``: how many RL
+    tasks there are (a round offers no more)."""
     from extensions.config import load_config
 
     overrides = [
@@ -201,9 +207,10 @@ def build_config(args, work: Path):
         overrides.append(f"rl.keep_last_rounds={args.rl_rounds}")
     overrides += args.set
     cfg = load_config(CONFIG, overrides)
-    # A round offers no more tasks than the split has for RL (the config's count, or a --set, when fewer).
-    if cfg.rl.tasks_per_round > args.rl_tasks and not any(item.startswith("rl.tasks_per_round=") for item in args.set):
-        overrides.append(f"rl.tasks_per_round={args.rl_tasks}")
+    # A round offers no more tasks than there are for RL (the config's count, or a --set, when fewer).
+    pool = args.rl_tasks if rl_pool is None else rl_pool
+    if cfg.rl.tasks_per_round > pool and not any(item.startswith("rl.tasks_per_round=") for item in args.set):
+        overrides.append(f"rl.tasks_per_round={pool}")
         cfg = load_config(CONFIG, overrides)
     return cfg, overrides
 
@@ -238,18 +245,27 @@ def evaluate(cfg, name: str, model_path: str) -> dict:
     return report
 
 
-def prepare_data(cfg, split: dict) -> None:
-    """The data stage on the held-out problems, then the RL-training split as the RL tasks."""
+def prepare_data(cfg, split: dict) -> dict[str, int]:
+    """The data stage with the held-out problems as its evaluation tasks, then the RL tasks: the
+    split's KernelBench problems and the data stage's own RL share of the pairs' problems (held out
+    of SFT and decontaminated against the held-out problems like every pair). Returns how many of
+    each there are."""
     from extensions.data.pipeline import format_summary, prepare
+    from extensions.runtime.io import read_jsonl
     from extensions.runtime.paths import RunPaths
 
     paths = RunPaths.from_config(cfg)
     outcome = prepare(cfg, paths.processed, progress=False)
     if not outcome.up_to_date:
         print(format_summary(outcome.report))
+    kernelbench_ids = {row["task_id"] for row in split["rl_rows"]}
+    # The data stage writes its share once; a later run finds it beside the KernelBench rows added here.
+    synthesized = [row for _, row in read_jsonl(paths.rl_tasks) if row.get("task_id") not in kernelbench_ids] \
+        if paths.rl_tasks.is_file() else []
     with open(paths.rl_tasks, "w") as out:
-        for row in split["rl_rows"]:
+        for row in split["rl_rows"] + synthesized:
             out.write(json.dumps(row) + "\n")
+    return {"kernelbench": len(split["rl_rows"]), "synthesized": len(synthesized)}
 
 
 def measured_budgets(cfg, work: Path) -> dict[str, int]:
@@ -296,7 +312,9 @@ def run_phase(phase: str, cfg, clock: PhaseClock) -> None:
 
     paths = RunPaths.from_config(cfg)
     started = time.time()
-    if phase == "base":
+    if phase == "data":
+        pass  # main() has run the data stage before any phase
+    elif phase == "base":
         evaluate(cfg, "base", cfg.model.name_or_path)
     elif phase == "sft":
         run_sft(cfg, progress=True)
@@ -463,7 +481,8 @@ def plot(results: dict, path: Path) -> None:
     high = [(b["high"] if b["high"] is not None else b["mean"]) - b["mean"] for b in blocks]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.errorbar(range(len(names)), means, yerr=[low, high], marker="o", capsize=4)
-    ax.set_xticks(range(len(names)), ["base", "SFT"] + [f"RL {i}" for i in range(1, len(names) - 1)])
+    labels = {"base": "base", "sft": "SFT"}
+    ax.set_xticks(range(len(names)), [labels.get(n) or f"RL {n.rsplit('_', 1)[1]}" for n in names])
     ax.set_ylabel("held-out correct rate (%)")
     ax.set_title(f"{len(results['split']['heldout'])} held-out KernelBench L1/L2 tasks, 95% bootstrap CI")
     ax.set_ylim(bottom=0)
@@ -472,7 +491,23 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out: Path, resamples: int) -> None:
+def save_answers(outputs, names: list[str], out: Path) -> None:
+    """Every model's answers and per-sample verdicts, compressed, beside the results: what the rates
+    are made of, for reading why answers fail."""
+    import gzip
+    import shutil
+
+    folder = out / "answers"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        for source in (outputs.generations(name), outputs.eval_report(name)):
+            if source.is_file():
+                with open(source, "rb") as raw, gzip.open(folder / (source.name + ".gz"), "wb") as packed:
+                    shutil.copyfileobj(raw, packed)
+
+
+def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out: Path, resamples: int,
+                 rl_tasks: dict[str, int]) -> None:
     from extensions.evaluation.commands import output_files
 
     outputs = output_files(cfg, None)
@@ -482,7 +517,9 @@ def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out:
         raise SystemExit(f"report: only {present} evaluated; run the other phases first")
     reports = {n: json.loads(outputs.eval_report(n).read_text()) for n in present}
     results = build_results(cfg, present, reports, split, clock, overrides, resamples)
+    results["rl_tasks"] = rl_tasks
     out.mkdir(parents=True, exist_ok=True)
+    save_answers(outputs, present, out)
     (out / "learning_signal.json").write_text(json.dumps(results, indent=1))
     (out / "learning_signal.md").write_text(table(results) + "\n\n" + decontamination_table(results["decontamination"]) + "\n")
     plot(results, out / "learning_signal.png")
@@ -555,25 +592,33 @@ def main(argv=None) -> int:
 
         args.model = str(save_tiny_model(work / "tiny-model"))
     split = write_split(args, work)
+    try:
+        phases = phase_order(args.phases.split(","), args.rl_rounds or 10**6)
+    except ValueError as exc:
+        raise SystemExit(f"unknown phase {exc}")
     measure = [name for name in ("max_new_tokens", "max_seq_len") if getattr(args, name) == "auto"]
     for name in measure:  # a placeholder until the prepared pairs are measured
         setattr(args, name, 2048)
     cfg, overrides = build_config(args, work)
     clock = PhaseClock(work / "phase_seconds.json")
-    prepare_data(cfg, split)
-    if measure:
+    started = time.time()
+    rl_tasks = prepare_data(cfg, split)
+    if "data" in phases:
+        clock.record("data", time.time() - started)
+    print(f"[rl tasks] {rl_tasks['kernelbench']} KernelBench problems and {rl_tasks['synthesized']} synthesized programs")
+    if measure and set(phases) - {"data"}:  # the budgets need the model's tokenizer; the data phase does not
         budgets = measured_budgets(cfg, work)
         for name in measure:
             setattr(args, name, budgets[name])
-        cfg, overrides = build_config(args, work)
+    cfg, overrides = build_config(args, work, rl_pool=sum(rl_tasks.values()))
     try:
-        phases = phase_order(args.phases.split(","), cfg.rl.num_rounds)
+        phases = phase_order(phases, cfg.rl.num_rounds)
     except ValueError as exc:
         raise SystemExit(f"phase {exc} names an RL round the config does not have (rl.num_rounds={cfg.rl.num_rounds})")
     for phase in phases:
         print(f"==== {phase}", flush=True)
         if phase == "report":
-            report_phase(cfg, split, clock, overrides, Path(args.out), args.bootstrap)
+            report_phase(cfg, split, clock, overrides, Path(args.out), args.bootstrap, rl_tasks)
         else:
             run_phase(phase, cfg, clock)
     return 0

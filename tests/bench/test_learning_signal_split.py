@@ -84,7 +84,15 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
     assert results["model_order"] == ["base", "sft", "rl_round_1"]
     assert all(results["models"][name]["correct_rate"]["tasks"] == 2 for name in results["model_order"])
     assert "stops at" in (out / "learning_signal.md").read_text() and (out / "learning_signal.png").is_file()
-    assert set(json.loads((tmp_path / "work" / "phase_seconds.json").read_text())) == {"base", "sft", "sft_eval", "rl", "rl_eval"}
+    assert set(json.loads((tmp_path / "work" / "phase_seconds.json").read_text())) == {"data", "base", "sft", "sft_eval", "rl", "rl_eval"}
+    # RL trains on the split's KernelBench problems and the data stage's share of the pairs' problems.
+    assert results["rl_tasks"]["kernelbench"] == 2 and results["rl_tasks"]["synthesized"] >= 1
+    rl_rows = [json.loads(line) for line in (tmp_path / "work" / "run").rglob("rl_tasks.jsonl").__next__().read_text().splitlines()]
+    assert len(rl_rows) == sum(results["rl_tasks"].values()) == len({row["task_id"] for row in rl_rows})
+    # Each model's answers and verdicts are kept with the results.
+    for name in results["model_order"]:
+        assert (out / "answers" / f"generations_{name}.jsonl.gz").is_file()
+        assert (out / "answers" / f"eval_{name}.json.gz").is_file()
     decontamination = results["decontamination"]
     assert set(decontamination["split"]["counts"]) >= {"rl_near_heldout", "rl_same_computation_as_heldout"}
     assert "same_computation_as_eval_problem" in decontamination["sft_pairs"]["counts"]
