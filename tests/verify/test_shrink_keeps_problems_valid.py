@@ -52,3 +52,20 @@ def test_every_level_1_and_2_problem_shrinks_to_a_valid_problem(problems):
         if not meta_forward_runs(rewrite_constants(source, values)):
             broken.append(key)
     assert broken == []
+
+
+def test_a_problem_whose_output_dwarfs_its_inputs_is_capped_by_its_output(problems):
+    """Matmul over a small K: 4M input elements, a 32768 x 32768 output. Capping the inputs alone
+    left every candidate writing 4 GB per input set back to the verifier, eight at a time."""
+    import torch
+
+    from extensions.verify.common.problem_sizes import load_problem
+
+    source = problems[(1, 7)]
+    cuda_cap = 1 << 25
+    values, notes = shrink_to_cap(source, cuda_cap)
+    module = load_problem(rewrite_constants(source, values))
+    with torch.device("meta"):
+        output = module.Model()(*module.get_inputs())
+    assert output.numel() <= cuda_cap, (values, notes)
+    assert values["K"] == 64  # the inner dimension was never the problem: M and N shrink

@@ -38,7 +38,10 @@ def meta_input_numel(source: str) -> int:
 
 
 def meta_numel(source: str) -> int:
-    """Input + parameter elements of a problem, measured on the meta device (no memory used)."""
+    """A problem's size against the element cap, measured on the meta device (no memory used): its
+    input + parameter elements, or its output's where that is more. An output much larger than the
+    inputs (a matmul over a small inner dimension, an outer product) is what every candidate writes
+    back for every input set; uncapped, one problem's answers fill a disk."""
     import torch
 
     module = load_problem(source)
@@ -46,8 +49,13 @@ def meta_numel(source: str) -> int:
     with torch.device("meta"):
         inputs = module.get_inputs()
         model = module.Model(*init)
-    return numel_of(list(inputs)) + sum(p.numel() for p in model.parameters()) + sum(
-        b.numel() for b in model.buffers())
+        held = numel_of(list(inputs)) + sum(p.numel() for p in model.parameters()) + sum(
+            b.numel() for b in model.buffers())
+        try:
+            produced = numel_of(model(*inputs))
+        except Exception:  # noqa: BLE001 - an op without a meta kernel: the inputs' count stands
+            produced = 0
+    return max(held, produced)
 
 
 def meta_forward_runs(source: str) -> bool:
