@@ -370,9 +370,56 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
         per_task = [100.0 * pass_at_k(len(t["samples"]), sum(bool(s["correct"]) for s in t["samples"]), k) for t in tasks]
         summary[f"pass@{k}"] = interval(per_task, resamples, 10 + k)
     summary["stages"] = report["metrics"].get("stage_counts")
+    summary["failures"] = failure_breakdown(report)
     summary["answer_lengths"] = report.get("answer_lengths")
     summary["skipped_tasks"] = report.get("skipped_tasks", [])
     return summary
+
+
+FAILURE_KINDS = ("no code block", "syntax error", "other static rule", "compile error", "raised on first inputs",
+                 "wrong shape", "wrong values", "failed a later input set", "correct")
+
+
+def failure_kind(sample: dict) -> str:
+    """Where one answer stops, finer than the verifier's stage: a syntax error apart from the other
+    static rules, and a first-input-set failure split into raising, the wrong shape and wrong values."""
+    if sample.get("correct"):
+        return "correct"
+    stage, error = sample.get("stage") or "none", sample.get("error") or ""
+    if stage == "none":
+        return "no code block"
+    if stage == "extract":
+        return "syntax error" if "syntax error" in error else "other static rule"
+    if stage == "static":
+        return "compile error"
+    if stage == "compile":
+        if "exception:" in error:
+            return "raised on first inputs"
+        return "wrong shape" if "shape" in error and "!=" in error else "wrong values"
+    return "failed a later input set"
+
+
+def failure_breakdown(report: dict) -> dict[str, int]:
+    counts = dict.fromkeys(FAILURE_KINDS, 0)
+    for task in report["tasks"]:
+        for sample in task["samples"]:
+            counts[failure_kind(sample)] += 1
+    return counts
+
+
+def rl_round_summary(cfg) -> list[dict]:
+    """Each RL round as it ran on the RL tasks: correct samples, what Best-of-N kept, update steps."""
+    from extensions.runtime.paths import RunPaths
+
+    log = RunPaths.from_config(cfg).metrics_log("rl")
+    rounds = []
+    for line in (log.read_text().splitlines() if log.is_file() else []):
+        row = json.loads(line)
+        if row.get("kind") == "round":
+            rounds.append({key: row.get(key) for key in ("round", "algorithm", "candidates", "correct", "reward_mean",
+                                                         "kept", "kept_tasks", "train_steps", "correct_rate_by_level")}
+                          | {"seconds": row.get("seconds")})
+    return rounds
 
 
 def fmt(block: Optional[dict]) -> str:
@@ -384,7 +431,7 @@ def fmt(block: Optional[dict]) -> str:
 
 
 def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, clock: PhaseClock,
-                  overrides: list[str], resamples: int) -> dict:
+                  overrides: list[str], resamples: int, device: Optional[str] = None) -> dict:
     from extensions.evaluation.compare import compare_reports
 
     models = {name: model_summary(reports[name], cfg.eval.samples_per_task, resamples) for name in names}
@@ -392,7 +439,7 @@ def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, 
     consecutive = {(a, b) for a, b in zip(names, names[1:])} | {(names[0], names[-1])}
     differences = [d for d in paired["differences"] if (d["baseline"], d["candidate"]) in consecutive]
     return {
-        "device": device_name(), "models": models, "model_order": names, "differences": differences,
+        "device": device or device_name(), "models": models, "model_order": names, "differences": differences,
         "phase_seconds": clock.seconds, "split": {k: v for k, v in split.items() if k != "rl_rows"},
         "samples_per_task": cfg.eval.samples_per_task, "eval_seed": cfg.eval.seed,
         "decontamination": decontamination_report(cfg, split), "config_overrides": overrides,
@@ -461,6 +508,16 @@ def table(results: dict) -> str:
         sizes = (f"{lengths['new_tokens_median']} / {lengths['new_tokens_p90']} / {lengths['new_tokens_max']}"
                  if lengths else "n/a")
         lines.append(f"| {name} | {stops} | {cut} | {sizes} |")
+    lines += ["", "| model | " + " | ".join(FAILURE_KINDS) + " |", "|---" * (len(FAILURE_KINDS) + 1) + "|"]
+    for name in results["model_order"]:
+        failures = results["models"][name].get("failures") or {}
+        lines.append(f"| {name} | " + " | ".join(str(failures.get(kind, "n/a")) for kind in FAILURE_KINDS) + " |")
+    if results.get("rl_rounds"):
+        lines += ["", "| RL round (on the RL tasks) | correct / samples | reward mean | kept (tasks) | update steps | seconds |",
+                  "|---|---|---|---|---|---|"]
+        for r in results["rl_rounds"]:
+            lines.append(f"| {r['round']} ({r['algorithm']}) | {r['correct']} / {r['candidates']} | {r['reward_mean']:.3f} | "
+                         f"{r['kept']} ({r['kept_tasks']}) | {r['train_steps']} | {(r.get('seconds') or {}).get('round_s', 0):.0f} |")
     lines += ["", "| paired difference (pp) | metric | mean [95% CI] | significant |", "|---|---|---|---|"]
     for d in results["differences"]:
         ci = "n/a" if d["low"] is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
@@ -475,15 +532,18 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = results["model_order"]
-    blocks = [results["models"][n]["correct_rate"] for n in names]
-    means = [b["mean"] for b in blocks]
-    low = [b["mean"] - (b["low"] if b["low"] is not None else b["mean"]) for b in blocks]
-    high = [(b["high"] if b["high"] is not None else b["mean"]) - b["mean"] for b in blocks]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.errorbar(range(len(names)), means, yerr=[low, high], marker="o", capsize=4)
+    # Correct rate, and the compiled rate beside it: while nothing is correct, what training moved.
+    for metric, label, marker in (("correct_rate", "correct", "o"), ("compiled_rate", "compiled", "s")):
+        blocks = [results["models"][n][metric] for n in names]
+        means = [b["mean"] for b in blocks]
+        low = [b["mean"] - (b["low"] if b["low"] is not None else b["mean"]) for b in blocks]
+        high = [(b["high"] if b["high"] is not None else b["mean"]) - b["mean"] for b in blocks]
+        ax.errorbar(range(len(names)), means, yerr=[low, high], marker=marker, capsize=4, label=label)
     labels = {"base": "base", "sft": "SFT"}
     ax.set_xticks(range(len(names)), [labels.get(n) or f"RL {n.rsplit('_', 1)[1]}" for n in names])
-    ax.set_ylabel("held-out correct rate (%)")
+    ax.legend()
+    ax.set_ylabel("held-out answers (%)")
     ax.set_title(f"{len(results['split']['heldout'])} held-out KernelBench L1/L2 tasks, 95% bootstrap CI")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
@@ -516,8 +576,12 @@ def report_phase(cfg, split: dict, clock: PhaseClock, overrides: list[str], out:
     if len(present) < 2:
         raise SystemExit(f"report: only {present} evaluated; run the other phases first")
     reports = {n: json.loads(outputs.eval_report(n).read_text()) for n in present}
-    results = build_results(cfg, present, reports, split, clock, overrides, resamples)
+    # The machine the phases ran on (the report may be written elsewhere from the saved reports).
+    device_file = clock.path.parent / "device.txt"
+    device = device_file.read_text().strip() if device_file.is_file() else None
+    results = build_results(cfg, present, reports, split, clock, overrides, resamples, device)
     results["rl_tasks"] = rl_tasks
+    results["rl_rounds"] = rl_round_summary(cfg)
     out.mkdir(parents=True, exist_ok=True)
     save_answers(outputs, present, out)
     (out / "learning_signal.json").write_text(json.dumps(results, indent=1))
@@ -602,11 +666,18 @@ def main(argv=None) -> int:
     cfg, overrides = build_config(args, work)
     clock = PhaseClock(work / "phase_seconds.json")
     started = time.time()
-    rl_tasks = prepare_data(cfg, split)
+    counts_file = work / "rl_task_counts.json"
+    if phases == ["report"] and counts_file.is_file():
+        rl_tasks = json.loads(counts_file.read_text())  # the report reads results only: no data stage
+    else:
+        rl_tasks = prepare_data(cfg, split)
+        counts_file.write_text(json.dumps(rl_tasks))
     if "data" in phases:
         clock.record("data", time.time() - started)
     print(f"[rl tasks] {rl_tasks['kernelbench']} KernelBench problems and {rl_tasks['synthesized']} synthesized programs")
-    if measure and set(phases) - {"data"}:  # the budgets need the model's tokenizer; the data phase does not
+    # Measuring the budgets needs the model's tokenizer; the data phase and the report do not (the
+    # report states the measured ones when they exist).
+    if measure and (set(phases) - {"data", "report"} or (work / "budgets.json").is_file()):
         budgets = measured_budgets(cfg, work)
         for name in measure:
             setattr(args, name, budgets[name])
@@ -620,6 +691,7 @@ def main(argv=None) -> int:
         if phase == "report":
             report_phase(cfg, split, clock, overrides, Path(args.out), args.bootstrap, rl_tasks)
         else:
+            (work / "device.txt").write_text(device_name())
             run_phase(phase, cfg, clock)
     return 0
 

@@ -207,3 +207,75 @@ def test_helper_semantics_match_torch_in_the_interpreter(tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                             env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+def _forward_call_list(code: str) -> list[str]:
+    tree = ast.parse(code)
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id == "call" and node.args and isinstance(node.args[0], ast.List)]
+    assert len(calls) == 1
+    return [ast.unparse(element) for element in calls[0].args[0].elts]
+
+
+DYNAMIC = [row for row in _rows("inductor_async.jsonl") if ".size(" in row["triton_code"].split("class ModelNew")[-1]
+           and "extern_kernels." not in row["triton_code"]]
+
+
+@pytest.mark.parametrize("row", DYNAMIC[:6], ids=[row["uuid"] for row in DYNAMIC[:6]])
+def test_the_wrapper_takes_tensors_only_and_reads_sizes_itself(row):
+    """Inductor's dynamic-shape wrapper takes its sizes first (``call([x.size(0), x.size(1), x])``);
+    trained on that, a model gets the two lists out of step in most answers that compile. The module
+    hands ``call`` its tensors; ``call`` reads each size from the tensor it belongs to."""
+    canonical = canonicalize(row["triton_code"])
+    assert "sizes_from_tensors" in canonical.rules
+    arguments = _forward_call_list(canonical.code)
+    assert arguments and not any(".size(" in a or ".stride(" in a for a in arguments), arguments
+    call_def = next(n for n in ast.parse(canonical.code).body if isinstance(n, ast.FunctionDef) and n.name == "call")
+    unpacked = next(s for s in call_def.body if isinstance(s, ast.Assign) and ast.unparse(s.value) == "args")
+    assert len(unpacked.targets[0].elts) == len(arguments)
+    assert any(ast.unparse(s).endswith((".size(0)", ".size(1)")) for s in call_def.body)
+    again = canonicalize(canonical.code)
+    assert again.code == canonical.code and not again.rules
+
+
+def test_pairs_written_in_the_earlier_form_get_the_same_wrapper():
+    """Clean code that still passes sizes (pairs canonicalised before the rule) is rewritten too,
+    so training never mixes the two forms; sizes of anything the wrapper is not handed stay."""
+    row = DYNAMIC[0]
+    folded = canonicalize(row["triton_code"]).code
+    name = next(a for a in _forward_call_list(folded))
+    earlier = folded.replace(f"call([{name}", f"call([{name}.size(0), {name}.size(1), {name}", 1)
+    call_def = next(n for n in ast.parse(folded).body if isinstance(n, ast.FunctionDef) and n.name == "call")
+    reads = [ast.unparse(s) for s in call_def.body if ast.unparse(s).endswith((".size(0)", ".size(1)"))]
+    unpacked = next(s for s in call_def.body if isinstance(s, ast.Assign) and ast.unparse(s.value) == "args")
+    tensors = [e.id for e in unpacked.targets[0].elts]
+    sizes = [line.split(" = ")[0] for line in reads]
+    lines = folded.splitlines()
+    at = lines.index("    " + ast.unparse(unpacked))
+    lines[at] = f"    {', '.join(sizes + tensors)} = args"
+    lines = [line for line in lines if line.strip() not in reads]
+    earlier = "\n".join(lines).replace(f"call([{name}", f"call([{name}.size(0), {name}.size(1), {name}", 1) + "\n"
+    assert detect_dialect(earlier) == "clean" and ".size(0)" in "".join(_forward_call_list(earlier))
+    rewritten = canonicalize(earlier)
+    assert rewritten.rules == ["sizes_from_tensors"] and _forward_call_list(rewritten.code) == _forward_call_list(folded)
+    untouched = earlier.replace(f"{name}.size(0)", "other.size(0)", 1)
+    assert canonicalize(untouched).code == untouched and not canonicalize(untouched).rules
+
+
+def test_a_folded_wrapper_is_judged_correct_by_the_verifier(tmp_path):
+    """The rewrite keeps the kernel's meaning: the verifier's CLI accepts the folded pair on CPU
+    (a broadcast across a size the wrapper now reads from its tensor)."""
+    import subprocess
+    import sys
+
+    from project_paths import PROJECT_ROOT
+
+    row = next(r for r in DYNAMIC if "maximum" in r["python_code"] and "x, y" in r["python_code"])
+    problem, candidate = tmp_path / "problem.py", tmp_path / "candidate.py"
+    problem.write_text(row["python_code"])
+    candidate.write_text(canonicalize(row["triton_code"]).code)
+    result = subprocess.run([sys.executable, "-m", "extensions.verify", "--problem", str(problem), "--candidate",
+                             str(candidate), "--device", "cpu", "--json", "--timeout", "120"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    verdict = json.loads(result.stdout.splitlines()[0])
+    assert verdict["correct"] is True, verdict

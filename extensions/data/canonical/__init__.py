@@ -13,8 +13,9 @@ allocations, plain ``kernel[grid](...)`` launches. Two inductor dialects are rea
   ``Runner.call`` method (torch 2.6 and later). The autotuner's choice is not in the text:
   ``configs`` passes it (the synthesizer records it), else a correct default is used.
 
-Source without inductor's markers is returned unchanged (``dialect == "clean"``), so canonicalising
-twice is the same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
+Source without inductor's markers is returned unchanged (``dialect == "clean"``) but for one rule,
+the wrapper's size arguments read inside ``call`` (``size_rules``), so canonicalising twice is the
+same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
 the reason the data stage counts it under. The rules, with before/after, are in docs/data.md.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import CanonicalizeError
+from .size_rules import RULE as SIZES_RULE, fold_size_arguments
 from .kernel_rules import HELPER_PREFIX, KernelRewriter, helper_definitions
 from .wrapper_rules import (KernelInfo, LaunchConfig, WrapperRewriter, first_tensor_argument,
                             remaining_library_calls)
@@ -170,7 +172,7 @@ def _is_inductor_scaffolding(node: ast.stmt) -> bool:
 def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None) -> Canonical:
     dialect = detect_dialect(source)
     if dialect == CLEAN:
-        return Canonical(source, CLEAN)
+        return _clean(source)
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as exc:
@@ -242,6 +244,8 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
                               *helper_definitions(kernel_rewriter.helpers), *jit_defs, call_def, *body],
                         type_ignores=[])
     ast.fix_missing_locations(module)
+    if fold_size_arguments(module):
+        rules.add(SIZES_RULE)
     leftovers = remaining_library_calls(module)
     if leftovers:
         raise CanonicalizeError("library_kernel_call", leftovers[0])
@@ -249,6 +253,18 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
     if unresolved:
         raise CanonicalizeError("unsupported_wrapper_call", unresolved[0])
     return Canonical(ast.unparse(module) + "\n", dialect, sorted(rules))
+
+
+def _clean(source: str) -> Canonical:
+    """Clean source as it is, but for the wrapper's size arguments (``size_rules``): pairs
+    canonicalised before that rule existed get the same form as new ones."""
+    try:
+        module = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return Canonical(source, CLEAN)  # the verifier says what is wrong with it
+    if not fold_size_arguments(module):
+        return Canonical(source, CLEAN)
+    return Canonical(ast.unparse(module) + "\n", CLEAN, [SIZES_RULE])
 
 
 def _after_unpacking(body: list[ast.stmt]) -> int:
