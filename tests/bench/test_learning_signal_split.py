@@ -89,6 +89,11 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
     assert results["rl_tasks"]["kernelbench"] == 2 and results["rl_tasks"]["synthesized"] >= 1
     rl_rows = [json.loads(line) for line in (tmp_path / "work" / "run").rglob("rl_tasks.jsonl").__next__().read_text().splitlines()]
     assert len(rl_rows) == sum(results["rl_tasks"].values()) == len({row["task_id"] for row in rl_rows})
+    # Every answer is counted once in the failure breakdown; the RL round's own numbers are kept.
+    for name in results["model_order"]:
+        assert sum(results["models"][name]["failures"].values()) == 2 * 2, results["models"][name]["failures"]
+    assert [r["round"] for r in results["rl_rounds"]] == [1] and results["rl_rounds"][0]["candidates"] >= 1
+    assert "| RL round (on the RL tasks) |" in (out / "learning_signal.md").read_text()
     # Each model's answers and verdicts are kept with the results.
     for name in results["model_order"]:
         assert (out / "answers" / f"generations_{name}.jsonl.gz").is_file()
@@ -97,3 +102,22 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
     assert set(decontamination["split"]["counts"]) >= {"rl_near_heldout", "rl_same_computation_as_heldout"}
     assert "same_computation_as_eval_problem" in decontamination["sft_pairs"]["counts"]
     assert "| decontamination |" in (out / "learning_signal.md").read_text()
+
+
+def test_failure_breakdown_tells_raising_from_wrong_answers(learning_signal):
+    """The stage alone hides why an answer that compiles fails: raising in the wrapper and computing
+    the wrong thing need different fixes, so the report counts them apart."""
+    samples = [
+        {"stage": "none", "error": "extract: no code block defines ModelNew"},
+        {"stage": "extract", "error": "static: syntax error: '(' was never closed"},
+        {"stage": "extract", "error": "static: no kernel[grid](...) launch reachable from ModelNew.forward"},
+        {"stage": "static", "error": "compile: ..."},
+        {"stage": "compile", "error": "tiny: exception: TypeError: call() takes 1 positional argument"},
+        {"stage": "compile", "error": "tiny: mismatch: output: shape (2, 256, 512) != expected (2, 256, 256)"},
+        {"stage": "compile", "error": "tiny: mismatch: output: 12 of 12288 values outside atol=0.0001"},
+        {"stage": "tiny", "error": "full: mismatch: ..."},
+        {"stage": "full", "correct": True},
+    ]
+    counts = learning_signal.failure_breakdown({"tasks": [{"samples": samples}]})
+    assert list(counts) == list(learning_signal.FAILURE_KINDS)
+    assert all(count == 1 for count in counts.values()), counts
