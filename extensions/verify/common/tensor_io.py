@@ -20,15 +20,22 @@ class TensorIOError(ValueError):
 def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True) -> dict[str, Any]:
     """``value``'s spec; its tensors go into ``tensors`` as contiguous host tensors, copies of the
     originals (``copy=False``: a tensor already contiguous on the host is taken as it is, for data
-    that is serialized at once and never changed)."""
+    that is serialized at once and never changed).
+
+    A tensor laid out as a permutation of a contiguous one (a transposed view, channels-last) keeps
+    its layout: it is stored in its own memory order and ``unpack`` permutes it back. A problem whose
+    inputs are column-major hands the candidate column-major inputs, as its own forward gets them:
+    a kernel that ignores strides is wrong there, and one written for that layout is right."""
     import torch
 
     if isinstance(value, torch.Tensor):
         key = f"{prefix}"
         if key in tensors:
             raise TensorIOError(f"duplicate tensor key {key}")
-        tensors[key] = host_copy(value) if copy else _on_host(value)
-        return {"tensor": key}
+        order = memory_order(value)
+        stored = value if order is None else value.permute(order)
+        tensors[key] = host_copy(stored) if copy else _on_host(stored)
+        return {"tensor": key} if order is None else {"permuted": [key, order]}
     if isinstance(value, (list, tuple)):
         kind = "tuple" if isinstance(value, tuple) else "list"
         return {kind: [pack(v, f"{prefix}.{i}", tensors, copy) for i, v in enumerate(value)]}
@@ -37,6 +44,21 @@ def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True) ->
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).replace("torch.", "")}
     raise TensorIOError(f"cannot transfer a value of type {type(value).__name__}")
+
+
+def memory_order(tensor: Any) -> list[int] | None:
+    """The dimension order (outermost first) in which ``tensor``'s elements lie in memory, when it
+    is a permutation of a contiguous tensor other than the identity; None for a contiguous tensor
+    and for every other layout (expanded, sliced, overlapping), which crosses as a contiguous copy."""
+    import torch
+
+    if tensor.layout != torch.strided or tensor.dim() < 2 or tensor.is_contiguous():
+        return None
+    strides = torch._C.TensorBase.stride(tensor)
+    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], -tensor.shape[d], d))
+    if order == list(range(tensor.dim())) or not tensor.permute(order).is_contiguous():
+        return None
+    return order
 
 
 def _on_host(tensor: Any) -> Any:
@@ -77,6 +99,15 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any
         if payload not in tensors:
             raise TensorIOError(f"tensor {payload!r} missing from the file")
         tensor = tensors[payload]
+        return tensor.to(device) if device else tensor
+    if kind == "permuted":
+        if (not isinstance(payload, list) or len(payload) != 2 or payload[0] not in tensors
+                or not isinstance(payload[1], list) or sorted(payload[1]) != list(range(tensors[payload[0]].dim()))
+                or not all(type(d) is int for d in payload[1])):
+            raise TensorIOError("malformed permuted tensor spec")
+        key, order = payload
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        tensor = tensors[key].permute(inverse)
         return tensor.to(device) if device else tensor
     if kind in ("list", "tuple"):
         if not isinstance(payload, list):

@@ -21,9 +21,9 @@ from ..common.tensor_io import map_tensors, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, integer_operand, integer_transform, transform_integers,
-                         transform_tensors, value_transforms, with_negative_lines, with_offset, with_outliers,
-                         with_scalars_varied, with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, integer_operand, integer_transform,
+                         transform_integers, transform_tensors, value_transforms, with_negative_lines, with_offset,
+                         with_outliers, with_scalars_varied, with_zeros)
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -251,7 +251,7 @@ class ReferenceBuilder:
             init_index = self.init_index(module)
             inputs = drawn = self.draw_inputs(module, seed)
             if transform is not None:
-                inputs = transform(inputs)
+                inputs = in_drawn_layouts(drawn, transform(inputs))
             with torch.no_grad():
                 out = self.models[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
             if self.device != "cpu":

@@ -136,6 +136,28 @@ def transform_tensors(values: list, fn) -> list:
     return [fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
 
 
+def in_drawn_layouts(drawn: list, varied: list) -> list:
+    """``varied`` with each tensor laid out in memory as the one drawn at its place: a transform
+    builds new tensors (a ``where``, a reshape), and a problem whose own inputs are column-major
+    would otherwise see row-major inputs on its varied sets only, where a kernel written for one
+    layout is judged on another."""
+    import torch
+
+    from ..common.tensor_io import memory_order
+
+    if len(drawn) != len(varied):
+        return varied
+    laid = []
+    for before, after in zip(drawn, varied):
+        if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.shape == before.shape
+                and memory_order(before) is not None and after.stride() != before.stride()):
+            copy = torch.empty_like(before, dtype=after.dtype)  # preserve_format: ``before``'s strides
+            copy.copy_(after)
+            after = copy
+        laid.append(after)
+    return laid
+
+
 def with_zeros(x):
     """Exact zeros in about ``ZERO_SHARE`` of ``x``'s places (drawn from the set's seed): a kernel
     wrong at zero only (``tanh(0) = 1``) is right on every other value."""

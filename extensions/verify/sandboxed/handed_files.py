@@ -91,7 +91,7 @@ def spaced_apart(values: list, device: str) -> list:
 
     from extensions.timing.tensors import flatten_tensors
 
-    from ..common.tensor_io import map_tensors
+    from ..common.tensor_io import map_tensors, memory_order
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
@@ -108,7 +108,10 @@ def spaced_apart(values: list, device: str) -> list:
     for tensor, (offset, size) in zip(tensors, slots):
         # A slice of a storage is a storage of its own that keeps the buffer alive.
         own = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer[offset:offset + size])
-        view = own.view(tensor.dtype).view(tensor.shape)
+        view = own.view(tensor.dtype)
+        # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
+        view = view.view(tensor.shape) if memory_order(tensor) is None else \
+            view.as_strided(tensor.shape, tensor.stride())
         view.copy_(tensor)
         placed[id(tensor)] = view
     return map_tensors(values, lambda t: placed[id(t)])
