@@ -231,6 +231,17 @@ def drop_same_computation(kept: list[_KeptPair], eval_tasks: list[EvalTask], tal
     }
 
 
+FAILED_PAIRS_LISTED = 50
+
+
+def failed_pair_rows(uuids: list[str], verdicts: list, limit: int = FAILED_PAIRS_LISTED) -> list[dict[str, str]]:
+    """The pairs the verifier rejected, by name (the first ``limit``): counts alone cannot say
+    whether the same pair fails again on another machine."""
+    rows = [{"uuid": uuid, "stage": verdict.stage, "error": (verdict.error or "")[:200]}
+            for uuid, verdict in zip(uuids, verdicts) if not verdict.correct]
+    return rows[:limit]
+
+
 def verify_kept_pairs(kept: list[_KeptPair], cfg: PipelineConfig, tally: SourceTally,
                       progress: bool) -> tuple[list[_KeptPair], dict[str, Any]]:
     """Judge every kept pair with the reward's verifier; the rejected ones are dropped and counted."""
@@ -245,6 +256,7 @@ def verify_kept_pairs(kept: list[_KeptPair], cfg: PipelineConfig, tally: SourceT
             tally.unkeep(f"{R.VERIFY_FAILED}:{verdict.stage}")
             log.debug("pair %s failed verification at %s: %s", item.pair.uuid, verdict.stage, verdict.error)
     summary = summarize_verification(verdicts)
+    summary["failed_pairs"] = failed_pair_rows([k.pair.uuid for k in kept], verdicts)
     summary["every_kept_pair_verified"] = True
     # KernelBook writes its shapes as literals: no size constant for the verifier to vary, so such a
     # pair (and its kernels, compiled for those sizes) is judged at the row's own shape only.

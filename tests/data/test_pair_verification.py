@@ -38,3 +38,17 @@ def test_an_unwritable_cache_is_said_once_and_the_verdicts_still_come(capsys):
     assert all(v.correct and not v.cached for v in verdicts)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "cannot be written" in line]
     assert len(warnings) == 1 and "/sys/kernel-rl-no-cache/verdicts.jsonl" in warnings[0]
+
+
+def test_the_report_names_the_pairs_that_failed():
+    """Two GPU runs of the same 690 pairs rejected 2 and 3: only names tell whether the same pair
+    flips between machines."""
+    from extensions.data.pair_verification import PairVerdict
+    from extensions.data.pipeline import failed_pair_rows
+
+    verdicts = [PairVerdict(True, "full"), PairVerdict(False, "compile", error="tiny: mismatch: " + "x" * 400),
+                PairVerdict(False, "static", error=None)]
+    rows = failed_pair_rows(["a", "b", "c"], verdicts)
+    assert [r["uuid"] for r in rows] == ["b", "c"] and rows[0]["stage"] == "compile"
+    assert len(rows[0]["error"]) == 200 and rows[1]["error"] == ""
+    assert len(failed_pair_rows(["p"] * 80, [PairVerdict(False, "compile")] * 80)) == 50
