@@ -85,6 +85,12 @@ CASTS = {
     "new_tensor_with_integer_dtype": "z = x.new_tensor(x, dtype=torch.bool)\n"
                                      "        return launch_copy(z, torch.empty_like(z))",
     "cast_in_helper_method": "return self.widen(y)",
+    "dtype_in_literal_kwargs": "z = x.to(**{'dtype': torch.int64})\n        return launch_copy(z, torch.empty_like(z))",
+    "bound_method_stored": "cast = x.long\n        z = cast()\n        return launch_copy(z, torch.empty_like(z))",
+    "bound_to_stored": "cast = x.to\n        z = cast(torch.int64)\n        return launch_copy(z, torch.empty_like(z))",
+    "tensor_class_method_mapped": "z = list(map(torch.Tensor.bool, [x]))[0]\n"
+                                  "        return launch_copy(z, torch.empty_like(z))",
+    "getattr_literal": "z = getattr(x, 'long')()\n        return launch_copy(z, torch.empty_like(z))",
 }
 CAST_HELPER = """
     def widen(self, t):
@@ -156,6 +162,8 @@ HONEST = {
     "constant_tensor": "t = torch.tensor([0, 1], dtype=torch.int64)\n        return y",
     "shape_tensor": "dims = torch.tensor(x.shape, dtype=torch.int64)\n        return y",
     "print_of_size": "print(f'{x.shape} {int(x.numel())}')\n        return y",
+    "dtype_names": "masks = torch.empty(x.shape, dtype=torch.bool)\n        ids = torch.zeros(4, dtype=torch.long)\n"
+                   "        on_gpu = x.device.type == 'cuda'\n        return y",
 }
 HONEST_HELPERS = """
     def indices(self, t):

@@ -191,11 +191,19 @@ class HostValues:
     def _dtype_arguments(call: ast.Call) -> list[ast.AST]:
         """What may name the target dtype of ``t.to(...)``/``t.type(...)``: positional arguments
         (``to(dtype)``, ``to(device, dtype)``, ``to(other)``) and ``dtype=``."""
-        return list(call.args) + [kw.value for kw in call.keywords if kw.arg == "dtype"]
+        return list(call.args) + [v for v in [HostValues._keyword(call, "dtype")] if v is not None]
 
     @staticmethod
     def _keyword(call: ast.Call, name: str) -> Optional[ast.AST]:
-        return next((kw.value for kw in call.keywords if kw.arg == name), None)
+        """The value passed as ``name=``, also from a literal ``**{"name": ...}``."""
+        for kw in call.keywords:
+            if kw.arg == name:
+                return kw.value
+            if kw.arg is None and isinstance(kw.value, ast.Dict):
+                for key, value in zip(kw.value.keys, kw.value.values):
+                    if isinstance(key, ast.Constant) and key.value == name:
+                        return value
+        return None
 
     # -- building the sets --
 
@@ -402,6 +410,17 @@ class HostValueRules:
                           "the truth value of tensor data decides `and`/`or` in forward path"))
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and reads(node.operand):
             found.append(("host_extraction", line, "`not` of tensor data in forward path"))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) \
+                and node.attr in INTEGER_CAST_METHODS | {"to", "type_as"} \
+                and not self._called(node) and not self.index.resolve(node.value) \
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(("host_cast_compute", line,
+                          f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) \
+                and node.attr in INTEGER_CAST_METHODS and not self._called(node) \
+                and any(q.startswith("torch.Tensor.") for q in self.index.resolve(node)):
+            found.append(("host_cast_compute", line,
+                          f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
         elif isinstance(node, ast.FormattedValue) and reads(node.value):
             found.append(("host_extraction", line, "tensor data formatted into a string in forward path"))
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
@@ -414,6 +433,10 @@ class HostValueRules:
                                   f"tensor (a cast) in forward path"))
         return found
 
+    def _called(self, node: ast.AST) -> bool:
+        parent = self.index.parents.get(node)
+        return isinstance(parent, ast.Call) and parent.func is node
+
     def _integer_cast(self, call: ast.Call, integers: set[str], reads) -> Optional[str]:
         """What makes ``call`` a cast of tensor data to an integer or bool dtype, or None."""
         values = self.values
@@ -423,6 +446,10 @@ class HostValueRules:
         args = list(call.args)
         if isinstance(func, ast.Attribute) and not self.index.resolve(func):
             receiver, method = func.value, func.attr
+        elif isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr" \
+                and len(func.args) == 2 and isinstance(func.args[1], ast.Constant) \
+                and not self.index.resolve(func.args[0]):
+            receiver, method = func.args[0], func.args[1].value  # getattr(x, "long")()
         else:
             for q in self.index.resolve(func):
                 parts = q.split(".")
