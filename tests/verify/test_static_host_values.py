@@ -91,7 +91,19 @@ CASTS = {
     "tensor_class_method_mapped": "z = list(map(torch.Tensor.bool, [x]))[0]\n"
                                   "        return launch_copy(z, torch.empty_like(z))",
     "getattr_literal": "z = getattr(x, 'long')()\n        return launch_copy(z, torch.empty_like(z))",
+    "tensor_class_to_partial": "import functools\n        cast = functools.partial(torch.Tensor.to, dtype=torch.int64)\n"
+                               "        z = cast(x)\n        return launch_copy(z, torch.empty_like(z))",
+    "copy_into_integer_buffer_attribute": "self.codes.copy_(x.view(-1)[:8])\n"
+                                          "        return launch_copy(self.codes, torch.empty_like(self.codes))",
+    "copy_into_registered_integer_buffer": "self.ids.copy_(x.view(-1)[:8])\n"
+                                           "        return launch_copy(self.ids, torch.empty_like(self.ids))",
+    "fill_integer_buffer_with_element": "buf = torch.zeros(1, dtype=torch.int64)\n        buf.fill_(x.view(-1)[0])\n"
+                                        "        return launch_copy(buf, torch.empty_like(buf))",
+    "full_with_integer_dtype": "z = torch.full((1,), x.view(-1)[0], dtype=torch.int64)\n"
+                               "        return launch_copy(z, torch.empty_like(z))",
 }
+CAST_INIT = ("self.codes = torch.empty(8, dtype=torch.int64)\n"
+             "        self.register_buffer('ids', torch.zeros(8, dtype=torch.long))")
 CAST_HELPER = """
     def widen(self, t):
         z = t.long()
@@ -104,6 +116,8 @@ SCALAR_READS = {
     "bool_of_element": "return y if bool(y[0]) else x",
     "float_of_whole_tensor": "part = y[:1]\n        s = float(part)\n        return y * 0 + s",
     "float_of_parameter": "return y if float(self.w) > 0 else x",
+    "float_of_tensor_attribute": "launch_copy(y.view(-1)[:2], self.partial)\n"
+                                 "        return y * 0 + float(self.partial[0])",
     "float_through_view": "s = float(y.view(-1)[0])\n        return launch_copy(torch.full((1,), s), y[:1])",
     "float_of_loop_element": "s = 0.0\n        for v in y[:4]:\n            s += float(v)\n        return y",
     "float_of_listed_elements": "s = sum(float(v) for v in list(y[:4]))\n        return y",
@@ -162,6 +176,8 @@ HONEST = {
     "constant_tensor": "t = torch.tensor([0, 1], dtype=torch.int64)\n        return y",
     "shape_tensor": "dims = torch.tensor(x.shape, dtype=torch.int64)\n        return y",
     "print_of_size": "print(f'{x.shape} {int(x.numel())}')\n        return y",
+    "integer_attribute_widened": "launch_copy(x, self.codes)\n        return self.codes.long()",
+    "scalar_attributes": "a = float(self.scale) * int(self.count)\n        return y",
     "dtype_names": "masks = torch.empty(x.shape, dtype=torch.bool)\n        ids = torch.zeros(4, dtype=torch.long)\n"
                    "        on_gpu = x.device.type == 'cuda'\n        return y",
 }
@@ -175,21 +191,24 @@ HONEST_HELPERS = """
 
 @pytest.mark.parametrize("name", sorted(CASTS))
 def test_integer_cast_in_forward_is_refused(name):
-    report = static_check(module(CASTS[name], extra_class_body=CAST_HELPER))
+    report = static_check(module(CASTS[name], extra_class_body=CAST_HELPER, init=CAST_INIT))
     assert "host_cast_compute" in report.flags, (name, report.flags, report.errors)
     assert any("integer" in e for e in report.errors), report.errors
 
 
 @pytest.mark.parametrize("name", sorted(SCALAR_READS))
 def test_scalar_read_of_tensor_data_is_refused(name):
-    init = "self.scale = 2.0\n        self.w = nn.Parameter(torch.ones(1))"
+    init = ("self.scale = 2.0\n        self.w = nn.Parameter(torch.ones(1))\n"
+            "        self.partial = torch.empty(2)")
     report = static_check(module(SCALAR_READS[name], extra_class_body=READ_HELPERS, init=init))
     assert "host_extraction" in report.flags, (name, report.flags, report.errors)
 
 
 @pytest.mark.parametrize("name", sorted(HONEST))
 def test_honest_metadata_reads_and_float_casts_pass(name):
-    report = static_check(module(HONEST[name], extra_class_body=HONEST_HELPERS))
+    init = ("self.scale = 2.0\n        self.count = int(3)\n"
+            "        self.codes = torch.empty(8, dtype=torch.int32)")
+    report = static_check(module(HONEST[name], extra_class_body=HONEST_HELPERS, init=init))
     assert report.ok, (name, report.flags, report.errors)
 
 

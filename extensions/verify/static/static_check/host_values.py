@@ -147,6 +147,8 @@ class HostValues:
             return node.id in integers
         if isinstance(node, ast.Subscript):
             return self.is_integer_tensor(node.value, integers)
+        if isinstance(node, ast.Attribute):
+            return self._is_integer_attribute(node)
         if isinstance(node, ast.Call):
             func = node.func
             if self._allocation_name(func) is not None:
@@ -312,14 +314,37 @@ class HostValues:
 
     # -- pieces of reads_tensor --
 
-    def _is_tensor_attribute(self, node: ast.Attribute) -> bool:
-        """``self.weight`` where ``weight`` is a parameter or buffer of the class around it."""
+    def _self_attribute_values(self, node: ast.Attribute) -> Optional[tuple[str, list[ast.AST]]]:
+        """(attribute, values the class assigns or registers under it) for ``self.attr`` inside a
+        method of a module class; None for any other attribute."""
         if not isinstance(node.value, ast.Name):
-            return False
+            return None
         method, info = self.index.enclosing_method(node)
         if info is None or method is None or node.value.id != first_param(method):
+            return None
+        values = list(self.index.self_attr_values(info.node.name, node.attr))
+        for call in ast.walk(info.node):
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                    and call.func.attr in ("register_buffer", "register_parameter") and len(call.args) >= 2 \
+                    and isinstance(call.args[0], ast.Constant) and call.args[0].value == node.attr:
+                values.append(call.args[1])
+        return info.node.name, values
+
+    def _is_tensor_attribute(self, node: ast.Attribute) -> bool:
+        """``self.weight``: a parameter or buffer of the class around it, or an attribute it binds
+        to a torch result (``self.partial = torch.empty(2)``)."""
+        found = self._self_attribute_values(node)
+        if found is None:
             return False
-        return node.attr in info.tensor_attrs
+        class_name, values = found
+        if node.attr in self.index.classes[class_name].tensor_attrs:
+            return True
+        return any(isinstance(v, ast.Call) and self._call_yields_tensor(v, set(), None) for v in values)
+
+    def _is_integer_attribute(self, node: ast.Attribute) -> bool:
+        """``self.codes`` where the class allocates ``codes`` with an integer or bool dtype."""
+        found = self._self_attribute_values(node)
+        return found is not None and any(self.is_integer_tensor(v, set()) for v in found[1])
 
     def _allocation_name(self, func: ast.AST) -> Optional[str]:
         for q in self.index.resolve(func):
@@ -417,7 +442,7 @@ class HostValueRules:
             found.append(("host_cast_compute", line,
                           f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) \
-                and node.attr in INTEGER_CAST_METHODS and not self._called(node) \
+                and node.attr in INTEGER_CAST_METHODS | {"to", "type", "type_as"} and not self._called(node) \
                 and any(q.startswith("torch.Tensor.") for q in self.index.resolve(node)):
             found.append(("host_cast_compute", line,
                           f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
@@ -459,6 +484,10 @@ class HostValueRules:
                         and values.integer_dtype(values._keyword(call, "dtype"), integers) \
                         and reads(args[0]) and not values.is_integer_tensor(args[0], integers):
                     return f"{source(func)}(..., dtype=<integer>) converts tensor data to an integer dtype"
+                elif len(parts) == 2 and parts[0] == "torch" and parts[1] in ("full", "full_like") \
+                        and len(args) >= 2 and reads(args[1]) \
+                        and values.integer_dtype(values._keyword(call, "dtype"), integers):
+                    return f"{source(func)}(..., dtype=<integer>) fills an integer tensor with tensor data"
         if receiver is None or method is None:
             return None
         if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
@@ -472,9 +501,12 @@ class HostValueRules:
             return f"{shown} casts to an integer or bool dtype"
         if method == "type_as" and args and values.is_integer_tensor(args[0], integers) and not receiver_integer:
             return f"{shown} casts to an integer or bool dtype"
-        if method == "copy_" and args and receiver_integer and reads(args[0]) \
+        if method in ("copy_", "fill_") and args and receiver_integer and reads(args[0]) \
                 and not values.is_integer_tensor(args[0], integers):
             return f"{shown} copies tensor data into an integer or bool tensor (a cast)"
+        if method == "new_full" and len(args) >= 2 and reads(args[1]) \
+                and values.integer_dtype(values._keyword(call, "dtype"), integers):
+            return f"{shown} fills an integer or bool tensor with tensor data (a cast)"
         if method == "new_tensor" and args and reads(args[0]) and not values.is_integer_tensor(args[0], integers):
             dtype = values._keyword(call, "dtype")
             if values.integer_dtype(dtype, integers) or (dtype is None and receiver_integer):
