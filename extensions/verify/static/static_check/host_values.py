@@ -88,6 +88,7 @@ class HostValues:
         self.integer_tensors: dict[ast.AST, set[str]] = {f: set() for f in self._functions}
         self._returns_tensor: set[ast.AST] = set()
         self._returns_integers: set[ast.AST] = set()
+        self._attribute_values: dict[tuple[str, str], list[ast.AST]] = {}
         for function in self._functions:
             if function.name in FORWARD_ENTRY_METHODS and isinstance(index.parents.get(function), ast.ClassDef):
                 self.tensors[function] |= self._parameters(function, skip_first=True)
@@ -322,13 +323,16 @@ class HostValues:
         method, info = self.index.enclosing_method(node)
         if info is None or method is None or node.value.id != first_param(method):
             return None
-        values = list(self.index.self_attr_values(info.node.name, node.attr))
-        for call in ast.walk(info.node):
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
-                    and call.func.attr in ("register_buffer", "register_parameter") and len(call.args) >= 2 \
-                    and isinstance(call.args[0], ast.Constant) and call.args[0].value == node.attr:
-                values.append(call.args[1])
-        return info.node.name, values
+        key = (info.node.name, node.attr)
+        if key not in self._attribute_values:
+            values = list(self.index.self_attr_values(info.node.name, node.attr))
+            for call in ast.walk(info.node):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                        and call.func.attr in ("register_buffer", "register_parameter") and len(call.args) >= 2 \
+                        and isinstance(call.args[0], ast.Constant) and call.args[0].value == node.attr:
+                    values.append(call.args[1])
+            self._attribute_values[key] = values
+        return info.node.name, self._attribute_values[key]
 
     def _is_tensor_attribute(self, node: ast.Attribute) -> bool:
         """``self.weight``: a parameter or buffer of the class around it, or an attribute it binds
