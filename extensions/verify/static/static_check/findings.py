@@ -50,7 +50,13 @@ FLAG_DESCRIPTIONS: dict[str, str] = {
                    "allow-list, calls in default arguments or class bodies, class keywords",
     "unsafe_grid": "a launch grid that is not a tuple or a function returning tuples",
     "host_extraction": "tensor data handed to Python in the forward path (.tolist(), .item(), "
-                       ".numpy(), .cpu())",
+                       ".numpy(), .cpu(), float()/int()/bool() of tensor elements, math.* on them, "
+                       "a tensor's truth value in if/while/and/or/not, tensor data formatted into "
+                       "a string)",
+    "host_cast_compute": "a cast of tensor data to an integer or bool dtype in the forward path "
+                         "(.to(torch.int64), .long(), .int(), .bool(), .type(...), copy_ or item "
+                         "assignment into an integer tensor): on a floating tensor it truncates or "
+                         "compares, the math of a rounding or masking task",
 }
 
 _FLAG_ORDER = {flag: i for i, flag in enumerate(FLAG_DESCRIPTIONS)}

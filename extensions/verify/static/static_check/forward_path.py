@@ -12,6 +12,7 @@ from .ast_helpers import (
 )
 from .findings import Findings
 from .held_functions import HeldFunctions
+from .host_values import HostValueRules, HostValues
 from .module_index import ModuleIndex
 from .vocabulary import FORWARD_ENTRY_METHODS, LOCAL_MARK, torch_call_verdict
 
@@ -36,6 +37,7 @@ class ForwardPath:
         self.findings = findings
         self.allow_library_gemm = allow_library_gemm
         self._facts_cache: dict[str, Facts] = {}
+        self.host_rules = HostValueRules(HostValues(index))
 
     def _forward_roots(self, modelnew: str) -> list[str]:
         roots = [key for key in (self.index.find_method(modelnew, m) for m in FORWARD_ENTRY_METHODS) if key]
@@ -163,7 +165,9 @@ class ForwardPath:
                     if attr:
                         local_attrs[node.targets[0].id] = attr
         for root in nodes:
+            tensors, integers = self.host_rules.values.names_in(root)
             for node in ast.walk(root):
+                facts.compute += self.host_rules.judge(node, tensors, integers, self_name)
                 if isinstance(node, ast.Call):
                     self._scan_call(node, owner, self_name, params, local_attrs, facts)
                 elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
