@@ -35,6 +35,7 @@ CHEATING_FLAGS = frozenset({
     "output_not_from_kernel",  # an output's storage was never written by a Triton launch
     "numpy_compute",          # a tensor went through NumPy during forward
     "host_compute",           # more tensor data read into Python (tolist, item, float) than a few scalars
+    "host_cast_compute",      # floating tensor data cast to an integer or bool dtype (the cast did the math)
     "decoy_kernel",           # CUDA: copies/fills took most of the GPU time, Triton a trivial part
     "side_stream",            # a kernel ran on another CUDA stream than forward's
     "non_triton_kernel",      # the GPU ran a kernel that is neither Triton's nor a copy/fill

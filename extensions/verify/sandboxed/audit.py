@@ -16,6 +16,8 @@ What it watches while ``forward`` runs:
   ``torch_compute`` too, and a record that lost its start or end marker is ``audit_tampered``.
 * Other threads (the dispatch mode is thread-local): Python thread starts are hooked and the OS
   task count of the process is compared before/after -> ``threads``.
+* Casts of floating tensor data to an integer or bool dtype (``_to_copy``/``copy_`` whose source is
+  floating and whose result is not) -> ``host_cast_compute``: the copy truncated or compared.
 * NumPy round trips (``Tensor.numpy``/``__array__``) -> ``numpy_compute``; host extraction of
   tensor data (``tolist``, ``item``, and the ``_local_scalar_dense`` behind ``float(t)``) beyond a
   few scalars -> ``host_compute``; processes started (``os.fork``/``posix_spawn``/``system``,
@@ -84,6 +86,7 @@ class ForwardReport:
     kernel_storages: set = field(default_factory=set)
     numpy_calls: int = 0
     extracted_elements: int = 0  # tensor elements read back into Python (tolist, item, float(t))
+    integer_casts: int = 0  # floating tensor data converted to an integer or bool dtype
     new_tasks: int = 0
     profiled_ops: Counter = field(default_factory=Counter)  # every thread, from the C++ profiler
     markers_seen: bool = True
@@ -396,6 +399,9 @@ class RuntimeAudit:
             flags.append("subprocess")
         if report.numpy_calls and not construction:
             flags.append("numpy_compute")
+        if report.integer_casts and not construction:
+            flags.append("host_cast_compute")
+            report.details["integer_casts"] = report.integer_casts
         if report.extracted_elements > HOST_EXTRACTION_LIMIT and not construction:
             flags.append("host_compute")
             report.details["extracted_elements"] = report.extracted_elements
@@ -469,6 +475,25 @@ def _current_mode():
     return _get_current_dispatch_mode()
 
 
+# Copies that can change a dtype: ``.to``/``.long()``/``.bool()``/``type_as`` reach ``_to_copy``,
+# a store into another tensor ``copy_``.
+_CASTING_OPS = frozenset({"_to_copy", "copy_"})
+
+
+def _floating_to_integers(func, args, out) -> bool:
+    """Whether ``func`` (``_to_copy`` or ``copy_``) turned floating data into an integer or bool
+    tensor: truncation or a comparison done by the copy, the whole answer of a rounding or masking
+    task. Judged by the dtypes the tensors really have (an integer input narrowed to int32, a bool
+    mask made int8, is a copy), which the static check cannot see."""
+    import torch
+
+    source, target = (args[1], args[0]) if func.overloadpacket.__name__ == "copy_" else (args[0], out)
+    if not (isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return False
+    floating = source.is_floating_point() or source.is_complex()
+    return floating and not (target.is_floating_point() or target.is_complex())
+
+
 def _make_dispatch_mode(audit: RuntimeAudit):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -477,6 +502,9 @@ def _make_dispatch_mode(audit: RuntimeAudit):
             report = audit.report
             report.ops[f"aten::{func.overloadpacket.__name__}.{func._overloadname}"] += 1
             out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in _CASTING_OPS and _floating_to_integers(func, args, out) \
+                    and not _internal_caller():
+                report.integer_casts += 1
             if report.kernel_storages and _storage_ptrs((args, kwargs)) & report.kernel_storages:
                 report.kernel_storages |= _storage_ptrs(out)  # a copy or view of kernel output
             return out

@@ -26,6 +26,10 @@ from .module_index import ModuleIndex
 from .vocabulary import FORWARD_ENTRY_METHODS, LOCAL_MARK
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# Methods whose result holds the same values as the tensor they are called on.
+_VIEW_METHODS = frozenset({"view", "reshape", "contiguous", "clone", "detach", "flatten", "squeeze", "unsqueeze",
+                           "permute", "transpose", "expand", "t", "narrow", "select", "as_strided", "unflatten",
+                           "movedim"})
 
 # Tensor methods and attributes that describe a tensor: their results are Python numbers, shapes,
 # dtypes or devices, never the tensor's values.
@@ -89,9 +93,14 @@ class HostValues:
         self._returns_tensor: set[ast.AST] = set()
         self._returns_integers: set[ast.AST] = set()
         self._attribute_values: dict[tuple[str, str], list[ast.AST]] = {}
+        # forward's inputs: their dtype is the problem's, which the module does not show, so a
+        # cast of one (an int64 index narrowed to int32, a bool mask made int8) is judged at run
+        # time by the dtype it really has (the audit's ``host_cast_compute``), not refused here.
+        self.inputs: dict[ast.AST, set[str]] = {}
         for function in self._functions:
             if function.name in FORWARD_ENTRY_METHODS and isinstance(index.parents.get(function), ast.ClassDef):
                 self.tensors[function] |= self._parameters(function, skip_first=True)
+                self.inputs[function] = self._parameters(function, skip_first=True)
         self._solve()
 
     # -- queries --
@@ -108,6 +117,25 @@ class HostValues:
                 integers |= self.integer_tensors[current]
             current = self.index.parents.get(current)
         return tensors, integers
+
+    def inputs_at(self, node: ast.AST) -> set[str]:
+        """forward's input names visible at ``node`` (inside forward or a closure of it)."""
+        names: set[str] = set()
+        current = node if isinstance(node, _FUNCTIONS) else self.index.parents.get(node)
+        while current is not None:
+            names |= self.inputs.get(current, set())
+            current = self.index.parents.get(current)
+        return names
+
+    def from_input(self, node: Optional[ast.AST], inputs: set[str]) -> bool:
+        """Whether ``node`` is one of forward's inputs or a view or copy of one."""
+        if isinstance(node, ast.Name):
+            return node.id in inputs
+        if isinstance(node, ast.Subscript):
+            return self.from_input(node.value, inputs)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _VIEW_METHODS:
+            return self.from_input(node.func.value, inputs)
+        return False
 
     def reads_tensor(self, node: ast.AST, tensors: set[str], owner_self: Optional[str] = None) -> bool:
         """Whether evaluating ``node`` yields tensor data (not a shape, size or dtype of it)."""
@@ -166,9 +194,7 @@ class HostValues:
                 if func.attr in ("to", "type") and any(self.integer_dtype(a, integers)
                                                        for a in self._dtype_arguments(node)):
                     return True
-                if func.attr in ("view", "reshape", "contiguous", "clone", "detach", "flatten",
-                                 "squeeze", "unsqueeze", "permute", "transpose", "expand", "t",
-                                 "narrow", "select", "as_strided", "unflatten", "movedim"):
+                if func.attr in _VIEW_METHODS:
                     return self.is_integer_tensor(func.value, integers)
         return False
 
@@ -456,7 +482,8 @@ class HostValueRules:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Subscript) and values.is_integer_tensor(target.value, integers) \
-                        and reads(node.value) and not values.is_integer_tensor(node.value, integers):
+                        and reads(node.value) and not values.is_integer_tensor(node.value, integers) \
+                        and not values.from_input(node.value, values.inputs_at(node)):
                     found.append(("host_cast_compute", line,
                                   f"{source(target)} = ... stores tensor data into an integer or bool "
                                   f"tensor (a cast) in forward path"))
@@ -469,6 +496,7 @@ class HostValueRules:
     def _integer_cast(self, call: ast.Call, integers: set[str], reads) -> Optional[str]:
         """What makes ``call`` a cast of tensor data to an integer or bool dtype, or None."""
         values = self.values
+        inputs = values.inputs_at(call)
         func = call.func
         receiver: Optional[ast.AST] = None
         method: Optional[str] = None
@@ -485,6 +513,7 @@ class HostValueRules:
                 if parts[:2] == ["torch", "Tensor"] and len(parts) == 3 and args:
                     receiver, method, args = args[0], parts[2], args[1:]
                 elif len(parts) == 2 and parts[0] == "torch" and parts[1] in DATA_CONVERSIONS and args \
+                        and not values.from_input(args[0], inputs) \
                         and values.integer_dtype(values._keyword(call, "dtype"), integers) \
                         and reads(args[0]) and not values.is_integer_tensor(args[0], integers):
                     return f"{source(func)}(..., dtype=<integer>) converts tensor data to an integer dtype"
@@ -496,6 +525,11 @@ class HostValueRules:
             return None
         if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
             return None  # nn.Module.half()/.to(...): moves the module's parameters, never integers
+        source_value = args[0] if method in ("copy_", "fill_", "new_full", "new_tensor") and args else receiver
+        if method == "new_full" and len(args) >= 2:
+            source_value = args[1]
+        if values.from_input(source_value, inputs):
+            return None  # judged at run time by the input's real dtype (see ``HostValues.inputs``)
         shown = f"{source(receiver)}.{method}(...)"
         receiver_integer = values.is_integer_tensor(receiver, integers)
         if method in INTEGER_CAST_METHODS and not args and not receiver_integer:
