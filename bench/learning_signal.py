@@ -409,12 +409,12 @@ def failure_breakdown(report: dict) -> dict[str, int]:
 
 def rl_round_summary(cfg) -> list[dict]:
     """Each RL round as it ran on the RL tasks: correct samples, what Best-of-N kept, update steps."""
+    from extensions.runtime.io import read_jsonl
     from extensions.runtime.paths import RunPaths
 
     log = RunPaths.from_config(cfg).metrics_log("rl")
     rounds = []
-    for line in (log.read_text().splitlines() if log.is_file() else []):
-        row = json.loads(line)
+    for _, row in (read_jsonl(log) if log.is_file() else []):
         if row.get("kind") == "round":
             rounds.append({key: row.get(key) for key in ("round", "algorithm", "candidates", "correct", "reward_mean",
                                                          "kept", "kept_tasks", "train_steps", "correct_rate_by_level")}

@@ -480,14 +480,14 @@ def _current_mode():
 _CASTING_OPS = frozenset({"_to_copy", "copy_"})
 
 
-def _floating_to_integers(func, args, out) -> bool:
-    """Whether ``func`` (``_to_copy`` or ``copy_``) turned floating data into an integer or bool
+def _floating_to_integers(op: str, args, out) -> bool:
+    """Whether ``op`` (``_to_copy`` or ``copy_``) turned floating data into an integer or bool
     tensor: truncation or a comparison done by the copy, the whole answer of a rounding or masking
     task. Judged by the dtypes the tensors really have (an integer input narrowed to int32, a bool
     mask made int8, is a copy), which the static check cannot see."""
     import torch
 
-    source, target = (args[1], args[0]) if func.overloadpacket.__name__ == "copy_" else (args[0], out)
+    source, target = (args[1], args[0]) if op == "copy_" else (args[0], out)
     if not (isinstance(source, torch.Tensor) and isinstance(target, torch.Tensor)):
         return False
     floating = source.is_floating_point() or source.is_complex()
@@ -500,10 +500,10 @@ def _make_dispatch_mode(audit: RuntimeAudit):
     class _AuditMode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             report = audit.report
-            report.ops[f"aten::{func.overloadpacket.__name__}.{func._overloadname}"] += 1
+            name = func.overloadpacket.__name__
+            report.ops[f"aten::{name}.{func._overloadname}"] += 1
             out = func(*args, **(kwargs or {}))
-            if func.overloadpacket.__name__ in _CASTING_OPS and _floating_to_integers(func, args, out) \
-                    and not _internal_caller():
+            if name in _CASTING_OPS and _floating_to_integers(name, args, out) and not _internal_caller():
                 report.integer_casts += 1
             if report.kernel_storages and _storage_ptrs((args, kwargs)) & report.kernel_storages:
                 report.kernel_storages |= _storage_ptrs(out)  # a copy or view of kernel output

@@ -165,9 +165,9 @@ class ForwardPath:
                     if attr:
                         local_attrs[node.targets[0].id] = attr
         for root in nodes:
-            tensors, integers = self.host_rules.values.names_in(root)
+            tensors, integers, inputs = self.host_rules.values.names_in(root)
             for node in ast.walk(root):
-                facts.compute += self.host_rules.judge(node, tensors, integers, self_name)
+                facts.compute += self.host_rules.judge(node, tensors, integers, inputs, self_name)
                 if isinstance(node, ast.Call):
                     self._scan_call(node, owner, self_name, params, local_attrs, facts)
                 elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):

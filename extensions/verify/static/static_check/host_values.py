@@ -99,33 +99,26 @@ class HostValues:
         self.inputs: dict[ast.AST, set[str]] = {}
         for function in self._functions:
             if function.name in FORWARD_ENTRY_METHODS and isinstance(index.parents.get(function), ast.ClassDef):
-                self.tensors[function] |= self._parameters(function, skip_first=True)
                 self.inputs[function] = self._parameters(function, skip_first=True)
+                self.tensors[function] |= self.inputs[function]
         self._solve()
 
     # -- queries --
 
-    def names_in(self, node: ast.AST) -> tuple[set[str], set[str]]:
-        """(tensor names, integer tensor names) visible at ``node``: its function's and, for
-        closures, those of the functions around it."""
+    def names_in(self, node: ast.AST) -> tuple[set[str], set[str], set[str]]:
+        """(tensor names, integer tensor names, forward's input names) visible at ``node``: its
+        function's and, for closures, those of the functions around it."""
         tensors: set[str] = set()
         integers: set[str] = set()
+        inputs: set[str] = set()
         current = node if isinstance(node, _FUNCTIONS) else self.index.parents.get(node)
         while current is not None:
             if current in self.tensors:
                 tensors |= self.tensors[current]
                 integers |= self.integer_tensors[current]
+                inputs |= self.inputs.get(current, set())
             current = self.index.parents.get(current)
-        return tensors, integers
-
-    def inputs_at(self, node: ast.AST) -> set[str]:
-        """forward's input names visible at ``node`` (inside forward or a closure of it)."""
-        names: set[str] = set()
-        current = node if isinstance(node, _FUNCTIONS) else self.index.parents.get(node)
-        while current is not None:
-            names |= self.inputs.get(current, set())
-            current = self.index.parents.get(current)
-        return names
+        return tensors, integers, inputs
 
     def from_input(self, node: Optional[ast.AST], inputs: set[str]) -> bool:
         """Whether ``node`` is one of forward's inputs or a view or copy of one."""
@@ -267,7 +260,7 @@ class HostValues:
                 pending.extend(ast.iter_child_nodes(node))
 
     def _scan_function(self, function) -> None:
-        tensors, integers = self.names_in(function)
+        tensors, integers, _inputs = self.names_in(function)
         own_tensors = self.tensors[function]
         own_integers = self.integer_tensors[function]
         owner_self = first_param(function) if isinstance(self.index.parents.get(function), ast.ClassDef) else None
@@ -438,7 +431,7 @@ class HostValueRules:
         self.values = values
         self.index = values.index
 
-    def judge(self, node: ast.AST, tensors: set[str], integers: set[str],
+    def judge(self, node: ast.AST, tensors: set[str], integers: set[str], inputs: set[str],
               self_name: Optional[str]) -> list[tuple[str, int, str]]:
         values = self.values
         found: list[tuple[str, int, str]] = []
@@ -454,7 +447,7 @@ class HostValueRules:
                     and any(reads(a) for a in node.args):
                 found.append(("host_extraction", line,
                               f"{source(func)}(...) of tensor data computes in Python in forward path"))
-            cast = self._integer_cast(node, integers, reads)
+            cast = self._integer_cast(node, integers, inputs, reads)
             if cast:
                 found.append(("host_cast_compute", line, f"{cast} in forward path"))
         elif isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and reads(node.test):
@@ -483,7 +476,7 @@ class HostValueRules:
             for target in targets:
                 if isinstance(target, ast.Subscript) and values.is_integer_tensor(target.value, integers) \
                         and reads(node.value) and not values.is_integer_tensor(node.value, integers) \
-                        and not values.from_input(node.value, values.inputs_at(node)):
+                        and not values.from_input(node.value, inputs):
                     found.append(("host_cast_compute", line,
                                   f"{source(target)} = ... stores tensor data into an integer or bool "
                                   f"tensor (a cast) in forward path"))
@@ -493,10 +486,9 @@ class HostValueRules:
         parent = self.index.parents.get(node)
         return isinstance(parent, ast.Call) and parent.func is node
 
-    def _integer_cast(self, call: ast.Call, integers: set[str], reads) -> Optional[str]:
+    def _integer_cast(self, call: ast.Call, integers: set[str], inputs: set[str], reads) -> Optional[str]:
         """What makes ``call`` a cast of tensor data to an integer or bool dtype, or None."""
         values = self.values
-        inputs = values.inputs_at(call)
         func = call.func
         receiver: Optional[ast.AST] = None
         method: Optional[str] = None
