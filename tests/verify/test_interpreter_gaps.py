@@ -6,9 +6,9 @@ comprehension over ``range``, ``abs(x)`` or ``libdevice.fast_tanhf`` run there, 
 generator refuses them when it compiles for a GPU. The static check refuses them
 (``interpreter_only``, ``static_check/kernel_language.py``); each refused construct is also
 compiled here with the installed Triton, which must refuse it too, and each accepted one must
-compile. A multi-config ``@triton.autotune`` runs one config per input set in turn on CPU
-(``interpreter_compat.AutotuneRotation``), so a kernel right for its first config only is wrong
-on another set.
+compile. A multi-config ``@triton.autotune`` runs one config per input set in turn, on CPU and on
+CUDA (``interpreter_compat.AutotuneRotation``), so a kernel right for its first config only is
+wrong on another set.
 """
 from __future__ import annotations
 
@@ -472,11 +472,65 @@ def test_autotune_rotation_runs_every_config_in_turn():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-def test_cpu_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isolation, verify_device):
-    """A kernel right for its first config only is rejected on CPU; a correct multi-config kernel
-    passes whichever config each set runs."""
-    if verify_device != "cpu":
-        pytest.skip("the rotation is the CPU interpreter's; a GPU benchmarks the configs")
+def test_gpu_rotation_benchmarks_and_makes_the_sets_config_win():
+    """On CUDA, while the rotation lasts, the autotuner's benchmark runs the set's config alone and
+    takes it (the next one that runs where this GPU cannot run it, as for a user), and no other
+    config writes the output; after ``finish`` the autotuner chooses by timing again. The rotation's part needs no GPU: it runs in
+    the interpreter here."""
+    script = textwrap.dedent("""
+        import torch, triton, triton.language as tl
+        from triton.runtime.errors import OutOfResources
+        from extensions.verify.sandboxed import interpreter_compat
+        rotation = interpreter_compat.rotate_autotune_on_cuda()
+
+        ran = []
+
+        def too_big(nargs):
+            raise OutOfResources(1 << 20, 1 << 16, "shared memory")
+
+        configs = [triton.Config({'BLOCK': 32}, pre_hook=lambda nargs: ran.append(32)),
+                   triton.Config({'BLOCK': 64}, pre_hook=lambda nargs: ran.append(64)),
+                   triton.Config({'BLOCK': 128}, pre_hook=too_big)]
+
+        @triton.autotune(configs=configs, key=['n'])
+        @triton.jit
+        def which(y, n, BLOCK: tl.constexpr):
+            o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y + o, tl.zeros([BLOCK], tl.int32) + BLOCK, mask=o < n)
+
+        def launch():
+            y = torch.zeros(300, dtype=torch.int32)
+            which[lambda meta: (triton.cdiv(300, meta['BLOCK']),)](y, 300)
+            assert (y == int(y[0])).all(), y
+            return int(y[0])
+
+        seen = []
+        for index in range(6):
+            rotation.start_set(index)
+            ran.clear()
+            seen.append(launch())
+            assert launch() == seen[-1]  # the same set keeps its config
+            # no other config ran: a benchmark run of one would have written the output
+            assert set(ran) == {seen[-1]}, (ran, seen[-1])
+        wanted = [(32, 64, 128)[(rotation.offset + i) % 3] for i in range(6)]
+        # where the set's config cannot run on this GPU, the first one that can takes its place
+        assert seen == [32 if w == 128 else w for w in wanted], (rotation.offset, seen)
+        assert set(seen) == {32, 64}
+        rotation.finish()
+        assert not rotation.rotating and not which.cache  # timing chooses by benchmark again
+        print("ok")
+    """)
+    from conftest import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isolation, verify_device):
+    """A kernel right for its first config only is rejected, on CPU and on CUDA (where the GPU's
+    fastest config may be the one it is right for); a correct multi-config kernel passes whichever
+    config each set runs."""
     from extensions.config import VerifierConfig
     from extensions.verify import VerifyRequest, verify_batch
 
@@ -484,7 +538,8 @@ def test_cpu_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isola
              catalog.parse_candidate(catalog.CANDIDATES_DIR / "kernelbench" / "rt_autotune_relu.py", False)]
     problems = catalog.load_problems(kernelbench_jsonl, {f.problem_key for f in files})
     requests = [VerifyRequest(problems[f.problem_key]["code"], f.text, label=f.name) for f in files]
-    wrong, right = verify_batch(requests, VerifierConfig(isolation=verify_isolation), device="cpu", progress=False)
+    wrong, right = verify_batch(requests, VerifierConfig(isolation=verify_isolation), device=verify_device,
+                                progress=False)
     assert not wrong.correct and wrong.error_category == "mismatch", (wrong.stage, wrong.error)
     assert right.correct and right.stage == "full", (right.stage, right.error)
     assert len(right.details.get("sets_run", [])) >= 3  # the 2-config kernel ran both configs

@@ -6,9 +6,12 @@
   set ``i`` uses config ``(offset + i) mod n`` of every autotuned kernel (of the configs its
   ``prune_configs_by`` keeps), so a verdict over ``n`` or more sets has run every config on some
   set, and a kernel right for its first config only is wrong on another set. Nothing is
-  benchmarked and each set runs once, so CPU verification costs what it did. On CUDA the configs
-  are benchmarked with CUDA events and no L2-flush fills (``benchmark_autotune_with_events``), so
-  that the audited forward's GPU time is the kernels' own.
+  benchmarked and each set runs once, so CPU verification costs what it did. The rotation holds on
+  CUDA too (``rotate_autotune_on_cuda``): there the autotuner would benchmark and keep one config
+  for every set, and a kernel right for the config this GPU happens to find fastest passed. For
+  the timing only, which must see the config a user's GPU would pick, the rotation ends and the
+  configs are benchmarked with CUDA events and no L2-flush fills, so that the audited forward's
+  GPU time is the kernels' own.
 * ``triton.language.extra.libdevice`` functions are declarations without bodies (they compile to
   CUDA's libdevice on a GPU) and return None in the interpreter: here the common ones compute with
   NumPy/``math`` on the interpreter's arrays, at the argument's precision.
@@ -44,8 +47,8 @@
   GPU does (to nearest; an H100 truncates, which is further off); ``"ieee"`` and ``"tf32x3"``
   stay full fp32.
 
-Nothing here is imported by the parent; ``install`` (CPU) or ``benchmark_autotune_with_events``
-(CUDA) is called by the worker before the candidate is imported.
+Nothing here is imported by the parent; ``install`` (CPU) or ``rotate_autotune_on_cuda`` (CUDA) is
+called by the worker before the candidate is imported.
 """
 from __future__ import annotations
 
@@ -85,48 +88,105 @@ def install() -> InterpreterRun:
 
 # -- autotune ------------------------------------------------------------------------------------
 
-def _equal_timings(kernel_call, quantiles=None, **_kwargs):
-    return [0.0, 0.0, 0.0] if quantiles else 0.0
-
-
 class AutotuneRotation:
     """Every autotuned kernel runs config ``(offset + set index) mod n`` of its (pruned) configs
     during an input set: one config per set, all of them over ``n`` sets. The offset is drawn
-    before the candidate is imported, so which set meets which config is not known to it."""
+    before the candidate is imported, so which set meets which config is not known to it.
+    ``finish`` ends the rotation: from then on the autotuner benchmarks and keeps its fastest."""
 
     def __init__(self, offset: Optional[int] = None):
         self.offset = secrets.randbelow(1 << 30) if offset is None else int(offset)
         self.turn = 0
+        self.rotating = True
         self._tuners: "weakref.WeakSet" = weakref.WeakSet()
 
     def start_set(self, index: int) -> None:
         """Input set ``index`` begins: every tuner forgets the config it chose for the last one."""
         self.turn = int(index)
+        self._forget_choices()
+
+    def finish(self) -> None:
+        """The sets are over: tuners forget their set's config and choose by benchmark again."""
+        self.rotating = False
+        self._forget_choices()
+
+    def _forget_choices(self) -> None:
         for tuner in list(self._tuners):
             tuner.cache.clear()
 
     def pick(self, configs: list) -> list:
-        return [configs[(self.offset + self.turn) % len(configs)]] if configs else configs
+        if not self.rotating or not configs:
+            return configs
+        return [configs[(self.offset + self.turn) % len(configs)]]
 
     def install(self) -> None:
+        """CPU: the autotuner is left one config, which it runs without benchmarking."""
         from triton.runtime.autotuner import Autotuner
 
         # ``do_bench`` is a cached property that asks the (absent) driver for a benchmarker; with
         # one config left after pruning nothing is benchmarked, this only keeps the driver out.
         Autotuner.do_bench = property(lambda self: _equal_timings)
-        prune, run = Autotuner.prune_configs, Autotuner.run
+        prune = Autotuner.prune_configs
         rotation = self
 
         def prune_configs(tuner, kwargs):
             # The autotuner keeps the only config left after pruning without benchmarking it.
             return rotation.pick(prune(tuner, kwargs))
 
+        Autotuner.prune_configs = prune_configs
+        self._track_tuners(Autotuner)
+
+    def install_on_cuda(self) -> None:
+        """CUDA: while the rotation lasts, the autotuner's benchmark runs the set's config alone
+        and reads it as the fastest, so it is the one launched; where this GPU cannot run it (out
+        of shared memory, a failed compile) the next config that runs takes its place, as a user's
+        autotuner would skip it. The other configs are not run: a benchmark run of one config
+        writes the output, and would hide what another config leaves unwritten. Afterwards
+        (``finish``) the configs are timed with CUDA events, for the timing."""
+        from triton.runtime.autotuner import Autotuner
+
+        prune = Autotuner.prune_configs
+        rotation = self
+        bench = {"position": 0, "target": 0, "found": False}
+
+        def prune_configs(tuner, kwargs):
+            configs = prune(tuner, kwargs)
+            bench.update(position=0, target=(rotation.offset + rotation.turn) % max(1, len(configs)), found=False)
+            return configs
+
+        def timings(kernel_call, quantiles=None, **kwargs):
+            if not rotation.rotating:
+                return _event_timings(kernel_call, quantiles, **kwargs)
+            position = bench["position"]
+            bench["position"] += 1
+            value = 2.0  # not run: chosen only where neither the set's config nor a later one ran
+            if position >= bench["target"] and not bench["found"]:
+                kernel_call()  # raises for a config this GPU cannot run: the autotuner drops it
+                bench["found"] = True
+                value = 0.0
+            return [value, value, value] if quantiles else value
+
+        def benchmark_without_disk_cache(tuner, tuning_key, configs, bench_fn):
+            bench_fn()  # a config chosen on an earlier run (a cache file) would skip the rotation
+            return False
+
+        Autotuner.do_bench = property(lambda self: timings)
+        Autotuner.prune_configs = prune_configs
+        Autotuner.check_disk_cache = benchmark_without_disk_cache
+        self._track_tuners(Autotuner)
+
+    def _track_tuners(self, autotuner_class) -> None:
+        run, rotation = autotuner_class.run, self
+
         def run_in_turn(tuner, *args, **kwargs):
             rotation._tuners.add(tuner)
             return run(tuner, *args, **kwargs)
 
-        Autotuner.prune_configs = prune_configs
-        Autotuner.run = run_in_turn
+        autotuner_class.run = run_in_turn
+
+
+def _equal_timings(kernel_call, quantiles=None, **_kwargs):
+    return [0.0, 0.0, 0.0] if quantiles else 0.0
 
 
 def _event_timings(kernel_call, quantiles=None, **_kwargs):
@@ -148,11 +208,11 @@ def _event_timings(kernel_call, quantiles=None, **_kwargs):
     return [middle, middle, middle] if quantiles else middle
 
 
-def benchmark_autotune_with_events() -> None:
-    """On CUDA (worker only): multi-config autotune benchmarks with plain CUDA events."""
-    from triton.runtime.autotuner import Autotuner
-
-    Autotuner.do_bench = property(lambda self: _event_timings)
+def rotate_autotune_on_cuda() -> AutotuneRotation:
+    """On CUDA (worker only): one config per input set, as on CPU, among those this GPU runs."""
+    rotation = AutotuneRotation()
+    rotation.install_on_cuda()
+    return rotation
 
 
 # -- libdevice -----------------------------------------------------------------------------------

@@ -180,7 +180,7 @@ def _poison_allocator(output) -> None:
 
 
 def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: str, audit,
-            interpreter=None) -> dict:
+            interpreter=None, autotune=None) -> dict:
     """Run forward on one input set under the audit. What it returned, the inputs after the call
     and the model's weights are read afterwards only through plain aliases of torch's own tensor
     types (``plain_output``, ``module_tensors``): a method the candidate gave a tensor or a module
@@ -203,6 +203,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
         return status
     if interpreter is not None:  # CPU: this set's program order and autotune configs
         interpreter.start_set(index, bool(set_spec.get("shuffle_programs")))
+    elif autotune is not None:  # CUDA: this set's autotune configs
+        autotune.start_set(index)
     repeat = None
     try:
         with torch.no_grad(), audit.forward() as report:
@@ -387,13 +389,13 @@ def serve(control, clock=None) -> None:
         _write_json("compile.json", _sandbox_failure(exc))
         return
     device = "cuda" if job["device"] != "cpu" else "cpu"
-    interpreter = None
+    interpreter = autotune = None
     clock.count_c_builds()
     if device == "cpu":
         torch.set_num_threads(1)
         interpreter = interpreter_compat.install()
     else:
-        interpreter_compat.benchmark_autotune_with_events()
+        autotune = interpreter_compat.rotate_autotune_on_cuda()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
     backend = pin_ieee_fp32()  # the reference's numerics, put back before the baseline is timed
     drop_privileges()  # no capability left to read other processes of this user (process isolation)
@@ -431,10 +433,12 @@ def serve(control, clock=None) -> None:
         inputs = previous_inputs = into_previous_tensors(previous_inputs, inputs)
         # The first set pays the kernel's compilation (and its launcher's, where Triton builds one).
         with clock.phase("first_set" if "first_set" not in clock.seconds else "other_sets"):
-            status = run_set(models, index, set_spec, inputs, device, audit, interpreter)
+            status = run_set(models, index, set_spec, inputs, device, audit, interpreter, autotune)
         verdicts.write(f"set_{index}.json", status)
     command = control.readline().split()
     if command and command[0] == "time" and job.get("timing"):
+        if autotune is not None:  # timed with the config the autotuner picks, as a user's GPU runs it
+            autotune.finish()
         with clock.phase("timing"):
             status = run_timing(job, models, device, command[1:], backend)
         verdicts.write("timing.json", status)
