@@ -209,12 +209,10 @@ def test_helper_semantics_match_torch_in_the_interpreter(tmp_path):
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
 
 
-def _forward_call_list(code: str) -> list[str]:
+def _forward(code: str) -> ast.FunctionDef:
     tree = ast.parse(code)
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-             and node.func.id == "call" and node.args and isinstance(node.args[0], ast.List)]
-    assert len(calls) == 1
-    return [ast.unparse(element) for element in calls[0].args[0].elts]
+    return next(item for node in tree.body if isinstance(node, ast.ClassDef) for item in node.body
+                if isinstance(item, ast.FunctionDef) and item.name == "forward")
 
 
 DYNAMIC = [row for row in _rows("inductor_async.jsonl") if ".size(" in row["triton_code"].split("class ModelNew")[-1]
@@ -222,49 +220,99 @@ DYNAMIC = [row for row in _rows("inductor_async.jsonl") if ".size(" in row["trit
 
 
 @pytest.mark.parametrize("row", DYNAMIC[:6], ids=[row["uuid"] for row in DYNAMIC[:6]])
-def test_the_wrapper_takes_tensors_only_and_reads_sizes_itself(row):
-    """Inductor's dynamic-shape wrapper takes its sizes first (``call([x.size(0), x.size(1), x])``);
-    trained on that, a model gets the two lists out of step in most answers that compile. The module
-    hands ``call`` its tensors; ``call`` reads each size from the tensor it belongs to."""
+def test_forward_names_its_tensors_once_and_reads_sizes_from_them(row):
+    """Inductor's module hands a list to ``call`` (sizes first: ``call([x.size(0), x.size(1), x])``)
+    and ``call`` unpacks it by position; trained on that, a model gets the list and the unpacking
+    out of step in most answers that compile. The canonical form has no ``call``: ``forward`` binds
+    each tensor once, reads each size from the tensor it belongs to, and launches the kernels."""
     canonical = canonicalize(row["triton_code"])
-    assert "sizes_from_tensors" in canonical.rules
-    arguments = _forward_call_list(canonical.code)
-    assert arguments and not any(".size(" in a or ".stride(" in a for a in arguments), arguments
-    call_def = next(n for n in ast.parse(canonical.code).body if isinstance(n, ast.FunctionDef) and n.name == "call")
-    unpacked = next(s for s in call_def.body if isinstance(s, ast.Assign) and ast.unparse(s.value) == "args")
-    assert len(unpacked.targets[0].elts) == len(arguments)
-    assert any(ast.unparse(s).endswith((".size(0)", ".size(1)")) for s in call_def.body)
+    assert {"sizes_from_tensors", "wrapper_in_forward"} <= set(canonical.rules)
+    tree = ast.parse(canonical.code)
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "call" for n in tree.body)
+    assert "args" not in canonical.code.split("class ModelNew")[-1]
+    body = [ast.unparse(s) for s in _forward(canonical.code).body]
+    bound = [line for line in body if line.split(" = ")[-1].split(".")[0] in ("x", "self", "y")]
+    assert bound and not any(".size(" in line for line in bound), body  # tensors bound, no size handed
+    assert any(line.endswith((".size(0)", ".size(1)")) for line in body), body
+    assert any("[" in line and "](" in line for line in body)  # the launch is in forward
+    assert body[-1].startswith("return buf")
     again = canonicalize(canonical.code)
     assert again.code == canonical.code and not again.rules
 
 
-def test_pairs_written_in_the_earlier_form_get_the_same_wrapper():
-    """Clean code that still passes sizes (pairs canonicalised before the rule) is rewritten too,
-    so training never mixes the two forms; sizes of anything the wrapper is not handed stay."""
-    row = DYNAMIC[0]
-    folded = canonicalize(row["triton_code"]).code
-    name = next(a for a in _forward_call_list(folded))
-    earlier = folded.replace(f"call([{name}", f"call([{name}.size(0), {name}.size(1), {name}", 1)
-    call_def = next(n for n in ast.parse(folded).body if isinstance(n, ast.FunctionDef) and n.name == "call")
-    reads = [ast.unparse(s) for s in call_def.body if ast.unparse(s).endswith((".size(0)", ".size(1)"))]
-    unpacked = next(s for s in call_def.body if isinstance(s, ast.Assign) and ast.unparse(s.value) == "args")
-    tensors = [e.id for e in unpacked.targets[0].elts]
-    sizes = [line.split(" = ")[0] for line in reads]
-    lines = folded.splitlines()
-    at = lines.index("    " + ast.unparse(unpacked))
-    lines[at] = f"    {', '.join(sizes + tensors)} = args"
-    lines = [line for line in lines if line.strip() not in reads]
-    earlier = "\n".join(lines).replace(f"call([{name}", f"call([{name}.size(0), {name}.size(1), {name}", 1) + "\n"
-    assert detect_dialect(earlier) == "clean" and ".size(0)" in "".join(_forward_call_list(earlier))
-    rewritten = canonicalize(earlier)
-    assert rewritten.rules == ["sizes_from_tensors"] and _forward_call_list(rewritten.code) == _forward_call_list(folded)
-    untouched = earlier.replace(f"{name}.size(0)", "other.size(0)", 1)
-    assert canonicalize(untouched).code == untouched and not canonicalize(untouched).rules
+EARLIER_FORM = """\
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
 
 
-def test_a_folded_wrapper_is_judged_correct_by_the_verifier(tmp_path):
-    """The rewrite keeps the kernel's meaning: the verifier's CLI accepts the folded pair on CPU
-    (a broadcast across a size the wrapper now reads from its tensor)."""
+@triton.jit
+def scale_kernel(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    tmp0 = tl.load(in_ptr0 + xindex, xmask)
+    tl.store(out_ptr0 + xindex, tmp0 * 2.0, xmask)
+
+
+def call(args):
+    arg0_1, arg1_1, arg2_1 = args
+    args.clear()
+    buf0 = torch.empty_strided((arg0_1, arg1_1), (arg1_1, 1), dtype=torch.float32, device=arg2_1.device)
+    xnumel = arg0_1 * arg1_1
+    scale_kernel[triton.cdiv(xnumel, 128),](arg2_1, buf0, xnumel, XBLOCK=128)
+    del arg2_1
+    return (buf0,)
+
+
+class ModelNew(nn.Module):
+
+    def forward(self, x):
+        return call([x.size(0), x.size(1), x])[0]
+"""
+
+
+def test_pairs_written_in_an_earlier_form_get_the_same_wrapper():
+    """Clean code in either earlier form (sizes handed to ``call``, or tensors only) is rewritten
+    to the same ``forward``, so training never mixes the forms."""
+    rewritten = canonicalize(EARLIER_FORM)
+    assert detect_dialect(EARLIER_FORM) == "clean"
+    assert rewritten.rules == ["sizes_from_tensors", "wrapper_in_forward"]
+    assert [ast.unparse(s) for s in _forward(rewritten.code).body][:3] == [
+        "arg2_1 = x", "arg0_1 = arg2_1.size(0)", "arg1_1 = arg2_1.size(1)"]
+    tensors_only = EARLIER_FORM.replace("arg0_1, arg1_1, arg2_1 = args", "arg2_1, = args\n    arg0_1 = "
+                                        "arg2_1.size(0)\n    arg1_1 = arg2_1.size(1)").replace(
+        "call([x.size(0), x.size(1), x])", "call([x])")
+    assert canonicalize(tensors_only).code == rewritten.code
+    assert canonicalize(tensors_only).rules == ["wrapper_in_forward"]
+    # the size of something the wrapper is not handed stays an argument (bound in forward)
+    other = canonicalize(EARLIER_FORM.replace("x.size(0), x.size(1), x", "other.size(0), x.size(1), x"))
+    assert other.rules == ["wrapper_in_forward"]
+    assert "arg0_1 = other.size(0)" in [ast.unparse(s) for s in _forward(other.code).body]
+
+
+@pytest.mark.parametrize("change", ["two_call_sites", "forward_does_more", "name_clash", "args_used"])
+def test_a_wrapper_the_rule_cannot_move_stays_as_it_is(change):
+    """``call`` stays where moving its body could change what runs: a second caller, a forward that
+    does more than return one output, a body name that is also one of forward's, ``args`` read
+    after the unpacking."""
+    source = EARLIER_FORM.replace("call([x.size(0), x.size(1), x])", "call([x])").replace(
+        "arg0_1, arg1_1, arg2_1 = args", "arg2_1, = args\n    arg0_1 = arg2_1.size(0)\n    arg1_1 = arg2_1.size(1)")
+    source = {
+        "two_call_sites": source + "\n\ndef twice(x):\n    return call([x])[0]\n",
+        "forward_does_more": source.replace("return call([x])[0]", "x = x * 1\n        return call([x])[0]"),
+        "name_clash": source.replace("def forward(self, x):", "def forward(self, buf0):").replace(
+            "call([x])", "call([buf0])"),
+        "args_used": source.replace("del arg2_1", "del arg2_1\n    print(len(args))"),
+    }[change]
+    canonical = canonicalize(source)
+    assert "wrapper_in_forward" not in canonical.rules
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "call" for n in ast.parse(canonical.code).body)
+
+
+def test_the_wrapper_in_forward_is_judged_correct_by_the_verifier(tmp_path):
+    """The rewrites keep the kernel's meaning: the verifier's CLI accepts the pair on CPU with the
+    wrapper in ``forward`` (a broadcast across a size read from its tensor)."""
     import subprocess
     import sys
 

@@ -13,9 +13,9 @@ allocations, plain ``kernel[grid](...)`` launches. Two inductor dialects are rea
   ``Runner.call`` method (torch 2.6 and later). The autotuner's choice is not in the text:
   ``configs`` passes it (the synthesizer records it), else a correct default is used.
 
-Source without inductor's markers is returned unchanged (``dialect == "clean"``) but for one rule,
-the wrapper's size arguments read inside ``call`` (``size_rules``), so canonicalising twice is the
-same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
+Source without inductor's markers is returned unchanged (``dialect == "clean"``) but for the
+wrapper's form: size arguments read inside ``call`` (``size_rules``) and ``call``'s body written in
+``forward`` (``inline_rules``), so canonicalising twice is the same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
 the reason the data stage counts it under. The rules, with before/after, are in docs/data.md.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import CanonicalizeError
+from .inline_rules import RULE as INLINE_RULE, inline_wrapper
 from .size_rules import RULE as SIZES_RULE, fold_size_arguments
 from .kernel_rules import HELPER_PREFIX, KernelRewriter, helper_definitions
 from .wrapper_rules import (KernelInfo, LaunchConfig, WrapperRewriter, first_tensor_argument,
@@ -246,6 +247,8 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
     ast.fix_missing_locations(module)
     if fold_size_arguments(module):
         rules.add(SIZES_RULE)
+    if inline_wrapper(module):
+        rules.add(INLINE_RULE)
     leftovers = remaining_library_calls(module)
     if leftovers:
         raise CanonicalizeError("library_kernel_call", leftovers[0])
@@ -256,15 +259,17 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
 
 
 def _clean(source: str) -> Canonical:
-    """Clean source as it is, but for the wrapper's size arguments (``size_rules``): pairs
-    canonicalised before that rule existed get the same form as new ones."""
+    """Clean source as it is, but for the wrapper's form (``size_rules``, ``inline_rules``): pairs
+    canonicalised before those rules existed get the same form as new ones."""
     try:
         module = ast.parse(source)
     except (SyntaxError, ValueError):
         return Canonical(source, CLEAN)  # the verifier says what is wrong with it
-    if not fold_size_arguments(module):
+    rules = [rule for rule, applied in ((SIZES_RULE, fold_size_arguments(module)),
+                                        (INLINE_RULE, inline_wrapper(module))) if applied]
+    if not rules:
         return Canonical(source, CLEAN)
-    return Canonical(ast.unparse(module) + "\n", CLEAN, [SIZES_RULE])
+    return Canonical(ast.unparse(module) + "\n", CLEAN, rules)
 
 
 def _after_unpacking(body: list[ast.stmt]) -> int:
