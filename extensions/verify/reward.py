@@ -65,6 +65,8 @@ ADVISORY_FLAGS = frozenset({
     "reduced_size",
     # a value set was left out because the reference failed or overflowed on it
     "value_sets_skipped",
+    # CPU: Triton's interpreter refused a construct a GPU compiles (inline PTX): only a GPU can judge it
+    "needs_gpu",
 })
 
 

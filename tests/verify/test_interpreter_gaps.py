@@ -543,3 +543,73 @@ def test_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isolation
     assert not wrong.correct and wrong.error_category == "mismatch", (wrong.stage, wrong.error)
     assert right.correct and right.stage == "full", (right.stage, right.error)
     assert len(right.details.get("sets_run", [])) >= 3  # the 2-config kernel ran both configs
+
+
+# -- what only a GPU can judge ---------------------------------------------------------------------
+
+RELU_PROBLEM = """\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size = 16
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+RELU_CANDIDATE = """\
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    y = {body}
+    tl.store(y_ptr + offsets, y, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        relu_kernel[(triton.cdiv(n, 256),)](x, y, n, BLOCK=256)
+        return y
+"""
+
+
+def test_inline_ptx_on_cpu_says_a_gpu_must_judge_it(verify_isolation, verify_device):
+    """The interpreter cannot run ``tl.inline_asm_elementwise`` (PTX): on CPU such a kernel fails,
+    and the result carries ``needs_gpu`` so that the failure is not read as the kernel's; a kernel
+    that fails on its own does not."""
+    if verify_device != "cpu":
+        pytest.skip("a GPU runs the PTX")
+    from extensions.config import VerifierConfig
+    from extensions.verify import VerifyRequest, verify_batch
+
+    ptx = ('tl.inline_asm_elementwise("max.f32 $0, $1, 0f00000000;", "=r,r", [x], dtype=tl.float32, '
+           'is_pure=True, pack=1)')
+    requests = [VerifyRequest(RELU_PROBLEM, RELU_CANDIDATE.format(body=ptx), label="ptx"),
+                VerifyRequest(RELU_PROBLEM, RELU_CANDIDATE.format(body="x + 1.0"), label="wrong")]
+    ptx_result, wrong = verify_batch(requests, VerifierConfig(isolation=verify_isolation), device="cpu",
+                                     progress=False)
+    assert not ptx_result.correct and "needs_gpu" in ptx_result.flags, (ptx_result.stage, ptx_result.error)
+    assert "interpreter refused" in ptx_result.details["needs_gpu"]
+    assert not wrong.correct and "needs_gpu" not in wrong.flags, (wrong.stage, wrong.flags)

@@ -201,6 +201,13 @@ class CandidateRun:
             return deadline
         return max(deadline, time.monotonic() + self.config.timeout_s)
 
+    def _note_gpu_only(self, status: dict) -> None:
+        """CPU: the interpreter refuses some constructs a GPU compiles (``tl.inline_asm_elementwise``:
+        PTX): the failure is the interpreter's, and the result says that only a GPU can judge it."""
+        if self.device == "cpu" and "not supported in interpreter mode" in str(status.get("error") or ""):
+            add_flags(self.result, ["needs_gpu"])
+            self.result.details["needs_gpu"] = "the Triton interpreter refused a construct a GPU compiles"
+
     def _note_reduced_size(self, why: str) -> None:
         add_flags(self.result, ["reduced_size"])
         self.result.details["reduced_size"] = why
@@ -233,6 +240,7 @@ class CandidateRun:
         label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
         if not status.get("ok"):
             status_failure(result, label, status)
+            self._note_gpu_only(status)
             return False
         if is_cheating(result.flags):
             fail(result, label, "audit", audit_summary(result.flags, status))
