@@ -547,28 +547,6 @@ def test_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isolation
 
 # -- what only a GPU can judge ---------------------------------------------------------------------
 
-RELU_PROBLEM = """\
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-
-batch_size = 16
-dim = 64
-
-
-def get_inputs():
-    return [torch.randn(batch_size, dim)]
-
-
-def get_init_inputs():
-    return []
-"""
-
 RELU_CANDIDATE = """\
 import torch
 import torch.nn as nn
@@ -595,7 +573,7 @@ class ModelNew(nn.Module):
 """
 
 
-def test_inline_ptx_on_cpu_says_a_gpu_must_judge_it(verify_isolation, verify_device):
+def test_inline_ptx_on_cpu_says_a_gpu_must_judge_it(kernelbench_jsonl, verify_isolation, verify_device):
     """The interpreter cannot run ``tl.inline_asm_elementwise`` (PTX): on CPU such a kernel fails,
     and the result carries ``needs_gpu`` so that the failure is not read as the kernel's; a kernel
     that fails on its own does not."""
@@ -606,8 +584,9 @@ def test_inline_ptx_on_cpu_says_a_gpu_must_judge_it(verify_isolation, verify_dev
 
     ptx = ('tl.inline_asm_elementwise("max.f32 $0, $1, 0f00000000;", "=r,r", [x], dtype=tl.float32, '
            'is_pure=True, pack=1)')
-    requests = [VerifyRequest(RELU_PROBLEM, RELU_CANDIDATE.format(body=ptx), label="ptx"),
-                VerifyRequest(RELU_PROBLEM, RELU_CANDIDATE.format(body="x + 1.0"), label="wrong")]
+    relu = catalog.load_problems(kernelbench_jsonl, {(1, 19)})[(1, 19)]["code"]  # 19_ReLU
+    requests = [VerifyRequest(relu, RELU_CANDIDATE.format(body=ptx), label="ptx"),
+                VerifyRequest(relu, RELU_CANDIDATE.format(body="x + 1.0"), label="wrong")]
     ptx_result, wrong = verify_batch(requests, VerifierConfig(isolation=verify_isolation), device="cpu",
                                      progress=False)
     assert not ptx_result.correct and "needs_gpu" in ptx_result.flags, (ptx_result.stage, ptx_result.error)
