@@ -418,6 +418,15 @@ def test_interpreter_only_fixtures_are_refused_statically():
     assert static_check(solution.text).ok
 
 
+def _passes_in_the_interpreter(script: str) -> None:
+    """Run ``script`` in a fresh interpreter-mode Python; it prints ``ok`` when its asserts hold."""
+    from conftest import PROJECT_ROOT
+
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 # -- autotune on CPU -------------------------------------------------------------------------------
 
 def test_autotune_rotation_runs_every_config_in_turn():
@@ -465,11 +474,7 @@ def test_autotune_rotation_runs_every_config_in_turn():
         assert kept == [(32, 128)[(offset + i) % 2] for i in range(6)], (offset, kept)
         print("ok")
     """)
-    from conftest import PROJECT_ROOT
-
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    _passes_in_the_interpreter(script)
 
 
 def test_gpu_rotation_benchmarks_and_makes_the_sets_config_win():
@@ -520,11 +525,7 @@ def test_gpu_rotation_benchmarks_and_makes_the_sets_config_win():
         assert not rotation.rotating and not which.cache  # timing chooses by benchmark again
         print("ok")
     """)
-    from conftest import PROJECT_ROOT
-
-    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          env={"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+    _passes_in_the_interpreter(script)
 
 
 def test_verifier_runs_every_autotune_config(kernelbench_jsonl, verify_isolation, verify_device):

@@ -51,8 +51,8 @@ def _forward_return(module: ast.Module) -> Optional[tuple[ast.FunctionDef, ast.L
     return found[0] if len(found) == 1 else None
 
 
-def _names(nodes: list[ast.stmt]) -> set[str]:
-    return {n.id for statement in nodes for n in ast.walk(statement) if isinstance(n, ast.Name)}
+def _names(nodes: list[ast.AST]) -> set[str]:
+    return {n.id for root in nodes for n in ast.walk(root) if isinstance(n, ast.Name)}
 
 
 def _is_args_clear(statement: ast.stmt) -> bool:
@@ -90,7 +90,7 @@ def inline_wrapper(module: ast.Module) -> bool:
     if any(isinstance(n, (ast.Return, ast.FunctionDef, ast.Lambda, ast.Global, ast.Nonlocal)) for s in middle
            for n in ast.walk(s)) or "args" in _names(middle):
         return False
-    forward_names = {a.arg for a in forward.args.args + forward.args.kwonlyargs} | _names([ast.Expr(call_list)])
+    forward_names = {a.arg for a in forward.args.args + forward.args.kwonlyargs} | _names([call_list])
     if forward_names & (_names(middle) | {e.id for e in target_tuple.elts}):
         return False
     bindings = [ast.Assign(targets=[ast.Name(name.id, ast.Store())], value=element)
