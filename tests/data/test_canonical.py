@@ -8,6 +8,7 @@ as torch 2.11 wrote it on an H100 (kernels inside ``async_compile.triton`` strin
 from __future__ import annotations
 
 import ast
+import re
 import json
 
 import pytest
@@ -226,14 +227,17 @@ def test_forward_names_its_tensors_once_and_reads_sizes_from_them(row):
     out of step in most answers that compile. The canonical form has no ``call``: ``forward`` binds
     each tensor once, reads each size from the tensor it belongs to, and launches the kernels."""
     canonical = canonicalize(row["triton_code"])
-    assert {"sizes_from_tensors", "wrapper_in_forward"} <= set(canonical.rules)
+    assert {"sizes_from_tensors", "wrapper_in_forward", "one_name_per_value"} <= set(canonical.rules)
     tree = ast.parse(canonical.code)
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "call" for n in tree.body)
     assert "args" not in canonical.code.split("class ModelNew")[-1]
-    body = [ast.unparse(s) for s in _forward(canonical.code).body]
-    bound = [line for line in body if line.split(" = ")[-1].split(".")[0] in ("x", "self", "y")]
-    assert bound and not any(".size(" in line for line in bound), body  # tensors bound, no size handed
-    assert any(line.endswith((".size(0)", ".size(1)")) for line in body), body
+    forward = _forward(canonical.code)
+    parameters = {a.arg for a in forward.args.args}
+    body = [ast.unparse(s) for s in forward.body]
+    # one name per value: no renaming, no del; each size read straight from forward's own tensor
+    assert not any(re.fullmatch(r"\w+ = \w+", line) or line.startswith("del ") for line in body), body
+    sizes = [line for line in body if ".size(" in line]
+    assert sizes and all(line.split(" = ")[1].split(".")[0] in parameters for line in sizes), body
     assert any("[" in line and "](" in line for line in body)  # the launch is in forward
     assert body[-1].startswith("return buf")
     again = canonicalize(canonical.code)
@@ -277,17 +281,16 @@ def test_pairs_written_in_an_earlier_form_get_the_same_wrapper():
     to the same ``forward``, so training never mixes the forms."""
     rewritten = canonicalize(EARLIER_FORM)
     assert detect_dialect(EARLIER_FORM) == "clean"
-    assert rewritten.rules == ["sizes_from_tensors", "wrapper_in_forward"]
-    assert [ast.unparse(s) for s in _forward(rewritten.code).body][:3] == [
-        "arg2_1 = x", "arg0_1 = arg2_1.size(0)", "arg1_1 = arg2_1.size(1)"]
+    assert rewritten.rules == ["sizes_from_tensors", "wrapper_in_forward", "one_name_per_value"]
+    assert [ast.unparse(s) for s in _forward(rewritten.code).body][:2] == ["arg0_1 = x.size(0)", "arg1_1 = x.size(1)"]
     tensors_only = EARLIER_FORM.replace("arg0_1, arg1_1, arg2_1 = args", "arg2_1, = args\n    arg0_1 = "
                                         "arg2_1.size(0)\n    arg1_1 = arg2_1.size(1)").replace(
         "call([x.size(0), x.size(1), x])", "call([x])")
     assert canonicalize(tensors_only).code == rewritten.code
-    assert canonicalize(tensors_only).rules == ["wrapper_in_forward"]
+    assert canonicalize(tensors_only).rules == ["wrapper_in_forward", "one_name_per_value"]
     # the size of something the wrapper is not handed stays an argument (bound in forward)
     other = canonicalize(EARLIER_FORM.replace("x.size(0), x.size(1), x", "other.size(0), x.size(1), x"))
-    assert other.rules == ["wrapper_in_forward"]
+    assert other.rules == ["wrapper_in_forward", "one_name_per_value"]
     assert "arg0_1 = other.size(0)" in [ast.unparse(s) for s in _forward(other.code).body]
 
 
@@ -327,3 +330,101 @@ def test_the_wrapper_in_forward_is_judged_correct_by_the_verifier(tmp_path):
                             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     verdict = json.loads(result.stdout.splitlines()[0])
     assert verdict["correct"] is True, verdict
+
+
+RENAMED_FORWARD = """
+class ModelNew(nn.Module):
+    def forward(self, x, y):
+        arg3_1 = x
+        arg4_1 = y
+        arg0_1 = arg3_1.size(0)
+        out_device = arg3_1.device
+        s33 = arg0_1
+        buf0 = torch.empty_strided((s33,), (1,), dtype=torch.float32, device=out_device)
+        kernel[triton.cdiv(s33, 128),](arg3_1, arg4_1, buf0, s33, XBLOCK=128)
+        del arg3_1
+        del arg4_1
+        return buf0
+"""
+
+
+def test_forward_keeps_one_name_per_value():
+    """Inductor's renamings (input -> ``argN_M``, size -> ``argN_M`` -> symbol) and its ``del``s are
+    folded: the launch reads forward's own tensors and the size goes by the name the launch uses."""
+    from extensions.data.canonical.name_rules import fold_names
+
+    module = ast.parse(RENAMED_FORWARD)
+    assert fold_names(module)
+    assert [ast.unparse(s) for s in _forward(ast.unparse(module)).body] == [
+        "s33 = x.size(0)", "out_device = x.device",
+        "buf0 = torch.empty_strided((s33,), (1,), dtype=torch.float32, device=out_device)",
+        "kernel[triton.cdiv(s33, 128),](x, y, buf0, s33, XBLOCK=128)", "return buf0"]
+    assert not fold_names(module)  # a second pass finds nothing
+
+
+@pytest.mark.parametrize("change", ["rebound", "parameter_rebound", "nested_scope", "read_twice"])
+def test_a_renaming_that_carries_meaning_stays(change):
+    """A name bound twice, a parameter given a new value, and code with nested scopes keep their
+    renamings; a size read by two statements keeps its first name and the renaming's readers use it."""
+    from extensions.data.canonical.name_rules import fold_names
+
+    source = {
+        "rebound": RENAMED_FORWARD.replace("        del arg3_1\n", "        arg3_1 = buf0\n"),
+        "parameter_rebound": RENAMED_FORWARD.replace("arg4_1 = y", "y = x"),
+        "nested_scope": RENAMED_FORWARD.replace("del arg4_1", "scale = (lambda v: v)(2)"),
+        "read_twice": RENAMED_FORWARD.replace("out_device = arg3_1.device", "out_device = arg3_1.device\n"
+                                              "        half = arg0_1 // 2"),
+    }[change]
+    module = ast.parse(source)
+    fold_names(module)
+    body = [ast.unparse(s) for s in _forward(ast.unparse(module)).body]
+    if change == "rebound":
+        assert "arg3_1 = x" in body and "arg3_1 = buf0" in body
+    elif change == "parameter_rebound":
+        assert "y = x" in body
+    elif change == "nested_scope":
+        assert body == [ast.unparse(s) for s in _forward(source).body]
+    else:
+        assert "arg0_1 = x.size(0)" in body and "half = arg0_1 // 2" in body
+        assert "buf0 = torch.empty_strided((arg0_1,), (1,), dtype=torch.float32, device=out_device)" in body
+
+
+UNREAD_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(in_ptr0, out_ptr0, xnumel, r0_numel, XBLOCK: tl.constexpr, R0_BLOCK: tl.constexpr):
+    rnumel = r0_numel
+    RBLOCK: tl.constexpr = R0_BLOCK
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    r0_base = tl.arange(0, R0_BLOCK)[None, :]
+    rbase = r0_base
+    acc = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    count = 0
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        rindex = r0_index
+        unused_load = tl.load(in_ptr0 + r0_index, r0_index < r0_numel, other=0.0)
+        old = tl.atomic_add(out_ptr0, 0.0)
+        count += 1
+        acc += tl.load(in_ptr0 + xindex * r0_numel + r0_index, xmask & (r0_index < r0_numel), other=0.0)
+    tl.store(out_ptr0 + xindex, tl.sum(acc, 1)[:, None], xmask)
+"""
+
+
+def test_kernels_lose_the_names_nothing_reads():
+    """Inductor's template names that a kernel never reads go, chains of them included; what has
+    an effect stays (an atomic whose result is unread, a counter only incremented)."""
+    from extensions.data.canonical.dead_rules import drop_unread_names
+
+    module = ast.parse(UNREAD_KERNEL)
+    assert drop_unread_names(module)
+    code = ast.unparse(module)
+    for gone in ("rnumel =", "RBLOCK", "rbase =", "rindex =", "unused_load ="):
+        assert gone not in code, gone
+    for kept in ("old = tl.atomic_add", "count = 0", "count += 1", "r0_base = tl.arange", "acc +="):
+        assert kept in code, kept
+    assert not drop_unread_names(module)

@@ -15,7 +15,8 @@ allocations, plain ``kernel[grid](...)`` launches. Two inductor dialects are rea
 
 Source without inductor's markers is returned unchanged (``dialect == "clean"``) but for the
 wrapper's form: size arguments read inside ``call`` (``size_rules``) and ``call``'s body written in
-``forward`` (``inline_rules``), so canonicalising twice is the same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
+``forward`` (``inline_rules``) with one name per value (``name_rules``), and kernels without the
+names nothing reads (``dead_rules``), so canonicalising twice is the same as once. A source that cannot be rewritten raises ``CanonicalizeError`` with
 the reason the data stage counts it under. The rules, with before/after, are in docs/data.md.
 """
 from __future__ import annotations
@@ -24,8 +25,10 @@ import ast
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .dead_rules import RULE as UNREAD_RULE, drop_unread_names
 from .errors import CanonicalizeError
 from .inline_rules import RULE as INLINE_RULE, inline_wrapper
+from .name_rules import RULE as NAMES_RULE, fold_names
 from .size_rules import RULE as SIZES_RULE, fold_size_arguments
 from .kernel_rules import HELPER_PREFIX, KernelRewriter, helper_definitions
 from .wrapper_rules import (KernelInfo, LaunchConfig, WrapperRewriter, first_tensor_argument,
@@ -249,6 +252,10 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
         rules.add(SIZES_RULE)
     if inline_wrapper(module):
         rules.add(INLINE_RULE)
+    if fold_names(module):
+        rules.add(NAMES_RULE)
+    if drop_unread_names(module):
+        rules.add(UNREAD_RULE)
     leftovers = remaining_library_calls(module)
     if leftovers:
         raise CanonicalizeError("library_kernel_call", leftovers[0])
@@ -259,14 +266,17 @@ def canonicalize(source: str, configs: Optional[dict[str, LaunchConfig]] = None)
 
 
 def _clean(source: str) -> Canonical:
-    """Clean source as it is, but for the wrapper's form (``size_rules``, ``inline_rules``): pairs
-    canonicalised before those rules existed get the same form as new ones."""
+    """Clean source as it is, but for the wrapper's form (``size_rules``, ``inline_rules``,
+    ``name_rules``) and unread kernel names (``dead_rules``): pairs canonicalised before those rules
+    existed get the same form as new ones."""
     try:
         module = ast.parse(source)
     except (SyntaxError, ValueError):
         return Canonical(source, CLEAN)  # the verifier says what is wrong with it
     rules = [rule for rule, applied in ((SIZES_RULE, fold_size_arguments(module)),
-                                        (INLINE_RULE, inline_wrapper(module))) if applied]
+                                        (INLINE_RULE, inline_wrapper(module)),
+                                        (NAMES_RULE, fold_names(module)),
+                                        (UNREAD_RULE, drop_unread_names(module))) if applied]
     if not rules:
         return Canonical(source, CLEAN)
     return Canonical(ast.unparse(module) + "\n", CLEAN, rules)
