@@ -376,6 +376,43 @@ class CudaTrialRunner(_RunnerBase):
         )
 
 
+    def trace_streams(self, calls: int) -> dict:
+        """The streams the candidate's GPU work ran on over ``calls`` forwards, as the CUDA profiler
+        (CUPTI, which sees every kernel, copy and fill of the process, whatever launched it) records
+        them. Each call first runs a probe fill on the calling stream, so the first traced event
+        names that stream. Returns ``calls``, ``on_calling_stream`` (events there, probes included)
+        and ``elsewhere`` (events on any other stream)."""
+        import json
+        import os
+
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize(self.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            for call in range(calls):
+                self.load(call % self.num_input_sets)
+                torch.empty(1, device=self.device).fill_(0)
+                self._forward(CANDIDATE)
+            torch.cuda.synchronize(self.device)
+        path = os.path.join(os.getcwd(), "timing_stream_trace.json")
+        try:
+            profiler.export_chrome_trace(path)
+            with open(path) as fh:
+                trace = json.load(fh)
+        finally:
+            if os.path.exists(path):
+                os.remove(path)
+        events = sorted((e.get("ts", 0), (e.get("args") or {}).get("stream"))
+                        for e in trace.get("traceEvents", []) if isinstance(e, dict)
+                        and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        if not events:
+            return {"calls": calls, "on_calling_stream": 0, "elsewhere": 0}
+        calling = events[0][1]
+        on_stream = sum(stream == calling for _ts, stream in events)
+        return {"calls": calls, "on_calling_stream": on_stream, "elsewhere": len(events) - on_stream}
+
+
 class LaunchGate:
     """Holds the calling stream in a spin kernel (``torch.cuda._sleep``) while the host enqueues
     one call, so the timed region opens with the whole call already queued: the device runs it back

@@ -28,6 +28,10 @@ WALL_MISMATCH_SHARE = 0.2
 # The probe only calls memoisation when the fresh call is also slower by this many milliseconds.
 MEMO_MIN_EXCESS_MS = 0.005
 MIN_TRIALS_FLOOR = 3
+# Candidate calls traced on the GPU (kernels and their streams) when two measurements both show
+# more activity after the stream's end than the reference: enough to see a hider that hides in
+# some calls only, few enough to cost milliseconds.
+TRACED_CALLS = 8
 
 
 class TimingError(RuntimeError):
@@ -270,6 +274,17 @@ class SpeedupScheduler:
 
     # --- the whole measurement ------------------------------------------------------------------
 
+    def _traced_streams(self) -> Optional[dict]:
+        """What the runner's CUDA trace of the candidate's calls saw (``trace_streams``), or None
+        where the runner has none or it failed: then the timing's verdict stands."""
+        trace = getattr(self.runner, "trace_streams", None)
+        if trace is None:
+            return None
+        try:
+            return trace(TRACED_CALLS)
+        except Exception:  # noqa: BLE001 - no trace (profiler busy or unavailable): keep the flag
+            return None
+
     def run(self) -> SpeedupReport:
         # A collector pause inside one timed call is the commonest outlier on a quiet GPU.
         collector_was_enabled = gc.isenabled()
@@ -292,7 +307,7 @@ class SpeedupScheduler:
             measurements.append(self._measure(trials))
         stable_ones = [m for m in measurements if is_stable(m.summary, settings.max_cv)]
         chosen = stable_ones[0] if stable_ones else min(measurements, key=_cv_sort_key)
-        unconfirmed_excess = None
+        unconfirmed_excess = traced_excess = None
         if flags.FLAG_SIDE_STREAM in chosen.flags:
             # Hidden work voids the verdict, so one disturbed measurement must not (the device's
             # after-effect of a call varies, docs/timing.md): a second one has to show it too.
@@ -303,6 +318,17 @@ class SpeedupScheduler:
             if flags.FLAG_SIDE_STREAM not in confirming.flags:
                 unconfirmed_excess = chosen.details["hidden_excess_ms"]
                 chosen = confirming
+            else:
+                traced = self._traced_streams()
+                if _no_other_stream(traced):
+                    # Two measurements saw more device activity after the stream's end than the
+                    # reference left, and the CUDA trace of the candidate's calls shows every
+                    # kernel, copy and fill on the calling stream: the excess is the device's
+                    # after-effect of its own work, not work hidden elsewhere. The measurement
+                    # stays charged as it was (device-wide), so no hidden time is credited.
+                    chosen = confirming
+                    chosen.flags.remove(flags.FLAG_SIDE_STREAM)
+                    traced_excess = {"hidden_excess_ms": chosen.details["hidden_excess_ms"], **traced}
 
         summary = chosen.summary
         report = SpeedupReport(
@@ -332,6 +358,8 @@ class SpeedupScheduler:
         report.details["measurement_cvs"] = [m.summary.cv for m in measurements]
         if unconfirmed_excess is not None:
             report.details["side_stream_unconfirmed_ms"] = unconfirmed_excess
+        if traced_excess is not None:
+            report.details["side_stream_traced"] = traced_excess
         if cut:
             report.add_flag(flags.FLAG_BUDGET_CUT)
         if not report.stable:
@@ -369,6 +397,13 @@ class SpeedupScheduler:
             report.add_flag(flags.FLAG_SPEEDUP_REVIEW)
         report.elapsed_s = self.clock() - started
         return report
+
+
+def _no_other_stream(traced: Optional[dict]) -> bool:
+    """The trace saw the candidate's own work on the calling stream in every traced call (its probe
+    fill and at least one kernel of its own) and nothing on any other stream."""
+    return (traced is not None and traced.get("elsewhere") == 0 and traced.get("calls", 0) > 0
+            and traced.get("on_calling_stream", 0) >= 2 * traced["calls"])
 
 
 def _even(count: int) -> int:

@@ -151,3 +151,19 @@ def test_memoiser_gains_nothing(wrapper):
                              compare_outputs=compare_outputs)
     assert MEMO_FLAGS & set(report.flags), report.to_dict()
     assert report.speedup is None or report.speedup <= 1.2, report.to_dict()
+
+
+def test_the_stream_trace_tells_an_honest_kernel_from_a_side_stream_one(tmp_path, monkeypatch):
+    """What clears a short kernel's after-effect: the CUDA trace of the candidate's calls sees its
+    kernels on the calling stream only, and a side-stream candidate's kernels elsewhere."""
+    from extensions.timing.measure import make_runner
+
+    monkeypatch.chdir(tmp_path)  # the trace file is written to the working directory
+    relu, exploits = _load("l1_019_relu"), _load("exploits")
+    sets = _vectors(1 << 16)
+    honest = make_runner(relu.ModelNew(), relu.ModelNew(), sets, _config(), compare_outputs).trace_streams(4)
+    assert honest["elsewhere"] == 0 and honest["on_calling_stream"] >= 8, honest
+    hider = make_runner(relu.ModelNew(), exploits.SideStream(relu.ModelNew()), sets, _config(),
+                        compare_outputs).trace_streams(4)
+    assert hider["elsewhere"] >= 4, hider
+    assert not list(tmp_path.iterdir())  # the trace file is removed

@@ -396,6 +396,53 @@ def test_hiding_work_in_the_first_measurement_only_gains_nothing():
     assert report.speedup == pytest.approx(1.0, rel=0.03)  # the second, honest measurement's
 
 
+class TracedRunner(SimulatedRunner):
+    """A runner with a CUDA trace of the candidate's calls: ``trace`` is what it reports (a dict),
+    or an exception it raises."""
+
+    def __init__(self, clock, trace, **kwargs):
+        super().__init__(clock, **kwargs)
+        self.trace = trace
+        self.traced = []
+
+    def trace_streams(self, calls):
+        self.traced.append(calls)
+        if isinstance(self.trace, Exception):
+            raise self.trace
+        return {"calls": calls, **self.trace}
+
+
+SHORT_KERNEL = dict(ref_ms=0.06, cand_ms=0.05, after_effect_ms={"reference": 0.0, "candidate": 0.008})
+
+
+def test_after_effect_of_a_short_kernel_is_cleared_by_the_trace():
+    """An honest 50 us kernel whose own memory traffic leaves 8 us of device activity after its
+    stream's end (above the 5 us tolerance) in every measurement: the trace shows its work on the
+    calling stream only, so it is not flagged; its time stays charged device-wide."""
+    runner = TracedRunner(FakeClock(), {"on_calling_stream": 16, "elsewhere": 0}, **SHORT_KERNEL)
+    report = _run(runner, _settings())
+    assert runner.traced == [8] and report.remeasures == 1
+    assert "side_stream_suspected" not in report.flags
+    assert report.details["side_stream_traced"]["hidden_excess_ms"] == pytest.approx(0.008, abs=1e-6)
+    assert report.speedup == pytest.approx(0.06 / 0.058, rel=0.03)  # charged with the after-effect
+
+
+@pytest.mark.parametrize("trace", [
+    {"on_calling_stream": 16, "elsewhere": 3},   # kernels on another stream
+    {"on_calling_stream": 8, "elsewhere": 0},    # the probes alone: the candidate's work unseen
+    RuntimeError("profiler already running"),    # no trace
+], ids=["other_stream", "own_work_unseen", "no_trace"])
+def test_the_trace_clears_only_what_it_saw(trace):
+    """Without a trace that saw the candidate's own work on the calling stream and nothing
+    elsewhere, two measurements' excess stays ``side_stream_suspected``: a real hider (here it
+    hides 30% of its work) and a short honest kernel alike."""
+    hider = TracedRunner(FakeClock(), trace, ref_ms=1.0, cand_ms=1.0, candidate_kind="side_stream", hidden_share=0.3)
+    assert "side_stream_suspected" in _run(hider, _settings()).flags
+    honest = TracedRunner(FakeClock(), trace, **SHORT_KERNEL)
+    report = _run(honest, _settings())
+    assert "side_stream_suspected" in report.flags and "side_stream_traced" not in report.details
+
+
 def test_a_host_preempted_in_most_calls_does_not_flag_an_honest_candidate():
     # A loaded machine: the host is preempted between its two events in 60% of the candidate's
     # calls and 30% of the reference's, partly in the same pairs (each 50 us more window): the
