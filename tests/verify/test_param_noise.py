@@ -201,3 +201,37 @@ def test_no_choice_of_names_or_count_gives_two_roles_one_noise():
         assert any(torch.equal(v, ref.bn.weight.detach()) for v in values), cls.__name__
     assert report["6:1.0"] == "order+unpaired"  # SpareFirst: b keeps its ones
     assert torch.equal(cand.b.detach(), torch.ones(6))
+
+
+def test_kernelbench_batch_norm_beside_group_norm_is_told_apart(kernelbench_jsonl):
+    """L2 #11: BatchNorm2d(128) and GroupNorm(8, 128) hold weights and biases of one key each."""
+    import json
+
+    key = (2, 11)
+    with open(kernelbench_jsonl, encoding="utf-8") as handle:
+        row = next(r for r in map(json.loads, handle) if (r["level"], r["problem_id"]) == key)
+    namespace: dict = {}
+    exec(compile(row["code"], "problem", "exec"), namespace)
+    torch.manual_seed(0)
+    ref = namespace["Model"](*namespace["get_init_inputs"]())
+    keys = constant_parameter_keys(ref)
+    assert {"key": "128:1.0", "names": ["batch_norm.weight", "group_norm.weight"],
+            "buffers": ["batch_norm.running_var"]} in keys
+    apply_parameter_noise(ref, 5, keys, reference=True)
+    torch.manual_seed(0)
+    cand = namespace["Model"](*namespace["get_init_inputs"]())  # a candidate that keeps the modules
+    report = {}
+    apply_parameter_noise(cand, 5, keys, reference=False, report=report)
+    assert report == {"128:0.0": "names", "128:1.0": "names"}
+    for name in ("batch_norm.weight", "batch_norm.bias", "group_norm.weight", "group_norm.bias"):
+        assert torch.equal(cand.get_parameter(name), ref.get_parameter(name)), name
+    assert not torch.equal(ref.batch_norm.bias, ref.group_norm.bias)
+
+
+def test_pairing_detail_keeps_only_the_forms_the_worker_writes():
+    from extensions.verify.parent.judge import _param_pairing
+
+    written = {"param_pairing": {"96:1.0": "order", "96:0.0": "names+order+unpaired",
+                                 "96:2.0": "AWS_SECRET", "token=abc": "names", "3:1e-05": "names"}}
+    assert _param_pairing(written) == {"96:1.0": "order", "96:0.0": "names+order+unpaired", "3:1e-05": "names"}
+    assert _param_pairing({"param_pairing": ["names"]}) == {} and _param_pairing(None) == {}
