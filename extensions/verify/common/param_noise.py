@@ -203,7 +203,9 @@ def apply_parameter_noise(model, seed: int, keys: Iterable, reference: bool, rep
                 report[key] = how
             for (_names, tensors), index in zip(held, pairs):
                 if index is not None:
-                    tensors[0].copy_(_noise(seed, key, tensors[0], index))
+                    # Through a contiguous view where there is one: row-major as the reference's.
+                    target = next((t for t in tensors if t.is_contiguous()), tensors[0])
+                    target.copy_(_noise(seed, key, target, index))
                     changed += 1
         for key in tied.keys() - groups.keys():
             if report is not None:
