@@ -37,36 +37,48 @@ def _uninitialized(value: Any) -> bool:
     return type(value) in (torch.nn.parameter.UninitializedParameter, torch.nn.parameter.UninitializedBuffer)
 
 
+def named_module_tensors(model: Any, attributes: bool = False) -> list[tuple[list[str], Any]]:
+    """Like ``module_tensors``, each tensor with every name it is held under: the dotted module
+    path and the table or attribute key (``norm1.weight``), as ``named_parameters`` spells a
+    parameter. A module reachable by several paths is walked once, under the first."""
+    import torch
+
+    found: list[tuple[list[str], Any]] = []
+    by_id: dict[int, list[str]] = {}
+    seen_modules: set[int] = set()
+    pending: list[tuple[str, Any]] = [("", model)]
+    while pending:
+        prefix, module = pending.pop()
+        if id(module) in seen_modules:
+            continue
+        seen_modules.add(id(module))
+        owner = type(module).__name__
+        state = _instance_dict(module)
+        items = [(k, v) for name in _TABLES for k, v in dict.items(_table(state, name, owner))]
+        if attributes:
+            items += [(k, v) for k, v in dict.items(state) if isinstance(v, torch.Tensor)]
+        for key, value in items:
+            if value is None or _uninitialized(value):
+                continue
+            name = f"{prefix}{key}"
+            if id(value) in by_id:
+                by_id[id(value)].append(name)
+                continue
+            names = [name]
+            by_id[id(value)] = names
+            found.append((names, plain_tensor(value, f"{owner} holds a tensor")))
+        children = [(k, m) for k, m in dict.items(_table(state, "_modules", owner)) if m is not None]
+        for _key, child in children:
+            if not isinstance(child, torch.nn.Module):
+                raise ForeignTensorType(f"{owner} lists a submodule of type {type(child).__name__}")
+        pending.extend((f"{prefix}{k}.", m) for k, m in reversed(children))
+    return found
+
+
 def module_tensors(model: Any, attributes: bool = False) -> list[Any]:
     """Plain aliases of the parameters and buffers of ``model`` and all its submodules (pre-order,
     as ``model.modules()`` visits them), each tensor object once; with ``attributes`` also the
     tensors held as plain attributes of the modules (``self.w = torch.ones(4)``). A module table
     that is not a dict, or a tensor of a type other than torch's own, raises ``ForeignTensorType``;
     a lazy module's uninitialised placeholders are left out."""
-    import torch
-
-    found: list[Any] = []
-    seen_tensors: set[int] = set()
-    seen_modules: set[int] = set()
-    pending = [model]
-    while pending:
-        module = pending.pop()
-        if id(module) in seen_modules:
-            continue
-        seen_modules.add(id(module))
-        owner = type(module).__name__
-        state = _instance_dict(module)
-        values = [v for name in _TABLES for v in dict.values(_table(state, name, owner))]
-        if attributes:
-            values += [v for v in dict.values(state) if isinstance(v, torch.Tensor)]
-        for value in values:
-            if value is None or id(value) in seen_tensors or _uninitialized(value):
-                continue
-            seen_tensors.add(id(value))
-            found.append(plain_tensor(value, f"{owner} holds a tensor"))
-        children = [m for m in dict.values(_table(state, "_modules", owner)) if m is not None]
-        for child in children:
-            if not isinstance(child, torch.nn.Module):
-                raise ForeignTensorType(f"{owner} lists a submodule of type {type(child).__name__}")
-        pending.extend(reversed(children))
-    return found
+    return [tensor for _names, tensor in named_module_tensors(model, attributes)]

@@ -9,6 +9,7 @@ computes it again once the static check's flags are merged in).
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from typing import Optional
 
@@ -26,6 +27,21 @@ from .verdict import add_flags, fail, status_failure
 __all__ = ["ProblemPreparer", "PreparedProblem", "WorkerLauncher", "draw_secret", "judge_candidate"]
 
 
+_PAIRING_KEY = re.compile(r"^[0-9]{1,12}:-?[0-9.e+-]{1,32}$")
+_PAIRING_HOW = {"names", "order", "names+order", "unpaired", "names+unpaired", "order+unpaired",
+                "names+order+unpaired"}
+
+
+def _param_pairing(details) -> dict:
+    """How the worker paired tied constant-initialised parameters (``param_noise``), kept only
+    where key and value have the forms it writes: the worker's files are the candidate's to
+    overwrite, so nothing else of them reaches the caller."""
+    if not isinstance(details, dict) or not isinstance(details.get("param_pairing"), dict):
+        return {}
+    items = list(details["param_pairing"].items())[:8]
+    return {k: v for k, v in items if isinstance(k, str) and _PAIRING_KEY.match(k) and v in _PAIRING_HOW}
+
+
 def _judge_correctness(run: CandidateRun, result: VerifyResult, deadline: float) -> bool:
     with run.gpu_shared():
         compiled = run.wait("compile.json", deadline, "compile")
@@ -36,6 +52,9 @@ def _judge_correctness(run: CandidateRun, result: VerifyResult, deadline: float)
         status_failure(result, "compile", compiled)
         return False
     result.stage = "compile"
+    pairing = _param_pairing(compiled.get("details"))
+    if pairing:
+        result.details["param_pairing"] = pairing
     if is_cheating(result.flags):
         fail(result, "compile", "audit", ", ".join(f for f in result.flags if f in CHEATING_FLAGS))
         return False

@@ -145,6 +145,7 @@ class Models:
     def __init__(self, model_cls, inits: list, seed: int, device: str, audit, param_noise: dict):
         self.model_cls, self.inits, self.seed, self.device, self.audit = model_cls, inits, seed, device, audit
         self.param_noise = param_noise
+        self.pairing: dict[str, str] = {}  # per tied key of the first model: how it was paired
         self._built: dict[int, Any] = {}
 
     def add_parameter_noise(self, model, index: int, reference: bool) -> None:
@@ -154,7 +155,7 @@ class Models:
 
         keys = self.param_noise.get("keys") or []
         apply_parameter_noise(model, int(self.param_noise.get("seed", 0)), keys[index] if index < len(keys) else [],
-                              reference=reference)
+                              reference=reference, report=self.pairing if index == 0 else None)
 
     def get(self, index: int):
         """(model, construction flags); raises what the constructor raised."""
@@ -419,6 +420,8 @@ def serve(control, clock=None) -> None:
         return
     flags += [f for f in built_flags if f not in flags]
     details["init_ops"] = sorted(set(details.get("init_ops", []) + audit.report.details.get("init_ops", [])))
+    if models.pairing:
+        details["param_pairing"] = dict(models.pairing)
     verdicts.write("compile.json", {"ok": True, "flags": flags, "details": details})
     previous_inputs = None
     for index, set_spec in enumerate(job["sets"]):
