@@ -397,8 +397,9 @@ class ReferenceBuilder:
 
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
-        exact zeros and the Python float inputs varied too; where the reference rejects those (a
-        division by an input, a probability above 1), the tensors' transform alone. Integer inputs
+        exact zeros and the Python float inputs varied too, and the Python ints and zeros the
+        reference takes (``_scalar_plan``, ``_zero_arguments``); where the reference rejects those
+        (a division by an input, a probability above 1), the tensors' transform alone. Integer inputs
         that are numbers, not places (``_integer_plan``), get signs and, in ``scale_up``, large
         magnitudes; where no form of the set runs with them, it is built with them as drawn."""
         positions, integer_fn = self._integer_plan(variation, seed)
