@@ -89,8 +89,9 @@ def find_scalar_constants(source: str) -> dict[str, float]:
 
 
 def varied_scalar(value: float, factor: float) -> float:
-    """Another value for a constructor scalar: zero stays zero (a disabled option stays disabled),
-    whole numbers move one step away from zero (an exponent or a bound stays whole), others are
+    """Another value for a constructor scalar: zero stays zero (a disabled option stays disabled;
+    ``varied_zero`` is the value for a zero the reference was run with and found to take), whole
+    numbers move one step away from zero (an exponent or a bound stays whole), others are
     scaled by ``factor``."""
     if value == 0.0 or value != value:
         return value
