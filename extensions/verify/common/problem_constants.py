@@ -89,14 +89,29 @@ def find_scalar_constants(source: str) -> dict[str, float]:
 
 
 def varied_scalar(value: float, factor: float) -> float:
-    """Another value for a constructor scalar: zero stays zero (a disabled option stays disabled),
-    whole numbers move one step away from zero (an exponent or a bound stays whole), others are
+    """Another value for a constructor scalar: zero stays zero (a disabled option stays disabled;
+    ``varied_zero`` is the value for a zero the reference was run with and found to take), whole
+    numbers move one step away from zero (an exponent or a bound stays whole), others are
     scaled by ``factor``."""
     if value == 0.0 or value != value:
         return value
     if float(value).is_integer():
         return value + (1.0 if value > 0 else -1.0)
     return value * factor
+
+
+def varied_zero(factor: float) -> float:
+    """Another value for a scalar equal to 0.0 (a clamp bound, a shift), where the problem is
+    known to stay valid with one: ``factor - 1``, of either sign and a few tenths from zero
+    (``factor`` is drawn per batch). ``varied_scalar`` leaves zeros alone because a zero may be a
+    disabled option; the caller decides, by running the reference, that this one is a value."""
+    return factor - 1.0
+
+
+def varied_int(value: int) -> int:
+    """Another value for a Python integer input: one step away from zero, as ``varied_scalar``
+    moves whole numbers (a count, an exponent, a bound)."""
+    return value + 1 if value >= 0 else value - 1
 
 
 def rewrite_constants(source: str, new_values: dict[str, int | float]) -> str:

@@ -15,15 +15,15 @@ from extensions.timing.tensors import flatten_tensors
 
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
-                                        odd_size, rewrite_constants, shrink_step, varied_scalar)
+                                        odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from ..common.tensor_io import map_tensors, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, integer_operand, integer_transform,
-                         transform_integers, transform_tensors, value_transforms, with_negative_lines, with_offset,
-                         with_outliers, with_scalars_varied, with_zeros)
+                         is_plain_int, transform_integers, transform_tensors, value_transforms, varied_input_scalar,
+                         with_negative_lines, with_offset, with_outliers, with_scalars_varied, with_zeros)
 
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
@@ -117,6 +117,46 @@ def _index_watch_class():
     return IndexWatch
 
 
+def _same_values(a: Any, b: Any) -> bool:
+    """Whether two outputs of the same structure hold the same values (NaN where the other has NaN)."""
+    import torch
+
+    first, second = flatten_tensors(a), flatten_tensors(b)
+    if len(first) != len(second):
+        return False
+    for x, y in zip(first, second):
+        if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+            if x != y:
+                return False
+        elif x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        elif x.is_floating_point() or x.is_complex():
+            if not torch.equal(torch.isnan(x), torch.isnan(y)) or not torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0)):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def scalar_variation_fault(run: Callable[[], Any], before: Any) -> str:
+    """Why a scalar given another value is no valid variation of the problem, or '': ``run`` (the
+    reference on the set's inputs with that value) must run, keep the structure and shapes of
+    ``before`` (its output with the problem's own value), stay finite where ``before`` is, and give
+    the same output when run a second time (a probability of 0.0 made nonzero turns dropout on)."""
+    try:
+        first = run()
+        second = run()
+    except Exception as exc:  # noqa: BLE001 - the reference rejects the value
+        return f"reference failed ({type(exc).__name__})"
+    if not _same_shapes(before, first):
+        return "the output's shapes changed"
+    if all_finite(before) and not all_finite(first):
+        return "the output turned non-finite"
+    if not _same_values(first, second):
+        return "the reference is not deterministic with it"
+    return ""
+
+
 def _storage_of(tensor) -> int:
     try:
         return tensor.untyped_storage().data_ptr()
@@ -175,6 +215,9 @@ class ReferenceBuilder:
         # Sets the reference failed or overflowed on (a retry under the same name may still add them)
         self.refused: set[str] = set()
         self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
+        self.scalar_positions: set[int] | None = None  # Python scalars of get_inputs to vary (``_scalar_plan``)
+        self.zero_arguments: dict[str, float] | None = None  # constants at 0.0 to vary (``_zero_arguments``)
+        self.argument_module: types.ModuleType | None = None  # the base with them varied
         self.base_finite = True  # the base set's output, and whether its inputs hold a float tensor
         self.float_inputs = False
         self.tensors: dict[str, Any] = {}
@@ -354,11 +397,13 @@ class ReferenceBuilder:
 
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
-        exact zeros and the Python float inputs varied too; where the reference rejects those (a
-        division by an input, a probability above 1), the tensors' transform alone. Integer inputs
+        exact zeros and the Python float inputs varied too, and the Python ints and zeros the
+        reference takes (``_scalar_plan``, ``_zero_arguments``); where the reference rejects those
+        (a division by an input, a probability above 1), the tensors' transform alone. Integer inputs
         that are numbers, not places (``_integer_plan``), get signs and, in ``scale_up``, large
         magnitudes; where no form of the set runs with them, it is built with them as drawn."""
         positions, integer_fn = self._integer_plan(variation, seed)
+        self._scalar_plan(seed)
         if self._add_values(variation, seed, positions, integer_fn) or not positions:
             return
         self.skip(f"{variation} integers", f"inputs {sorted(positions)} kept as drawn (the set failed with them varied)")
@@ -376,7 +421,7 @@ class ReferenceBuilder:
                 varied = transform_tensors(inputs, tensor_fn)
                 if variation in WITH_ZEROS:
                     varied = transform_tensors(varied, with_zeros)
-                return with_scalars_varied(integers(varied), self.scalar_factor)
+                return with_scalars_varied(integers(varied), self.scalar_factor, self.scalar_positions or set())
             return transform
 
         if variation == "scale_up":
@@ -402,14 +447,16 @@ class ReferenceBuilder:
             # Kept only where the fp32 reference is exact with lines far from the rest (a GEMM's
             # sum of a line of -1000s and the problem's values cancels): otherwise every
             # element shifted, as one peek can tell.
-            if self.try_add(variation, "values", self.base, seed, everything(self.negative_lines),
+            if self.try_add(variation, "values", self._value_module(), seed, everything(self.negative_lines),
                             exact=True, rounding=OUTLIER_ROUNDING_SLACK):
                 self.sets[-1]["negative_lines"] = True
+                self._note_scalars()
                 return True
             why = self.skipped_sets.pop().reason
             self.skip(variation, f"every element shifted (lines: {why})")
-        if self.try_add(variation, "values", self.base, seed, everything(fn)):
+        if self.try_add(variation, "values", self._value_module(), seed, everything(fn)):
             self._note_integers(positions)
+            self._note_scalars()
             return True
         why = self.skipped_sets.pop().reason
         if self.try_add(variation, "values", self.base, seed, lambda inputs: integers(transform_tensors(inputs, fn))):
@@ -421,6 +468,95 @@ class ReferenceBuilder:
     def _note_integers(self, positions: set[int]) -> None:
         if positions:
             self.sets[-1]["integers_varied"] = sorted(positions)
+
+    def _note_scalars(self) -> None:
+        if self.scalar_positions:
+            self.sets[-1]["scalars_varied"] = sorted(self.scalar_positions)
+        if self.sets[-1]["init"] != 0 and self.zero_arguments:
+            self.sets[-1]["arguments_varied"] = sorted(self.zero_arguments)
+
+    def _value_module(self) -> types.ModuleType:
+        """The problem at the base's sizes with its constants at 0.0 that reach the constructor
+        varied (``_zero_arguments``), for the value sets that vary the Python scalars: the shape
+        set varies them too, but its common offset can push every input past a clamp's bounds,
+        where a bound written in as 0.0 gives the right answer. The base where there is none."""
+        if self.argument_module is None:
+            zeros = self._zero_arguments()
+            self.argument_module = self.base
+            if zeros:
+                try:
+                    self.argument_module = self.module_at({**self.values, **zeros})
+                except Exception as exc:  # noqa: BLE001 - the base's module instead
+                    self.skip("constructor arguments", f"zeros kept (problem failed to load: {type(exc).__name__})")
+        return self.argument_module
+
+    def _zero_arguments(self) -> dict[str, float]:
+        """The module constants equal to 0.0 that reach ``get_init_inputs()`` and may take
+        ``varied_zero``'s value: each alone, the reference built with it must pass
+        ``_zero_argument_fault`` on the base set's sizes and draw. Decided once."""
+        import torch
+
+        if self.zero_arguments is not None:
+            return self.zero_arguments
+        self.zero_arguments = {}
+        zeros = [n for n, v in find_scalar_constants(self.original_source).items() if v == 0.0]
+        if not zeros:
+            return self.zero_arguments
+
+        def init_of(values: dict) -> list:
+            torch.manual_seed(self.seed)
+            return list(self.module_at(values).get_init_inputs())
+
+        other = varied_zero(self.scalar_factor)
+        try:
+            base = init_of(self.values)
+        except Exception as exc:  # noqa: BLE001 - nothing to compare with
+            self.skip("constructor arguments", f"zeros kept ({type(exc).__name__})")
+            return self.zero_arguments
+        for name in zeros:
+            try:
+                reaches = not same_init(base, init_of({**self.values, name: other}))
+            except Exception as exc:  # noqa: BLE001 - the problem rejects the value
+                self.skip("constructor arguments", f"{name} kept at 0.0 (problem failed: {type(exc).__name__})")
+                continue
+            if not reaches:
+                continue  # never reaches the constructor
+            why = self._zero_argument_fault(name, other)
+            if why:
+                self.skip("constructor arguments", f"{name} kept at 0.0 ({why})")
+            else:
+                self.zero_arguments[name] = other
+        return self.zero_arguments
+
+    def _scalar_plan(self, seed: int) -> set[int]:
+        """The Python scalars of ``get_inputs()`` that the value sets give other values besides the
+        nonzero floats (which ``varied_scalar`` always moves): ints (``varied_int``) and floats
+        equal to 0.0 (``varied_zero``). Each is tried alone on the set's draw with a copy of the
+        base model (``scalar_variation_fault``); one the reference cannot take keeps the
+        problem's value, noted in ``skipped``: an axis or a size (the output's shape changes), a
+        probability (the output is random), a value outside the problem's domain (it fails or
+        turns non-finite). Decided once, on the first value set's draw."""
+        if self.scalar_positions is not None:
+            return self.scalar_positions
+        self.scalar_positions = set()
+        inputs = self.draw_inputs(self.base, seed)
+        candidates = [i for i, v in enumerate(inputs)
+                      if is_plain_int(v) or (isinstance(v, float) and v == 0.0)]
+        if not candidates:
+            return self.scalar_positions
+        try:
+            before = self._fp32_rerun(0, inputs)
+        except Exception:  # noqa: BLE001 - the set itself will say why
+            return self.scalar_positions
+        for i in candidates:
+            trial = list(inputs)
+            trial[i] = varied_input_scalar(inputs[i], self.scalar_factor)
+            why = scalar_variation_fault(lambda trial=trial: self._fp32_rerun(0, trial), before)
+            if why:
+                self.skip("scalar inputs", f"input {i} kept at {inputs[i]!r} ({why})")
+            else:
+                self.scalar_positions.add(i)
+        return self.scalar_positions
 
     def _integer_plan(self, variation: str, seed: int) -> tuple[set[int], Any]:
         """The integer inputs ``variation`` may vary (``variations.integer_transform``), and the
@@ -655,19 +791,25 @@ class ReferenceBuilder:
 
     def _constructor_arguments(self) -> dict[str, float | int]:
         """Constants that reach ``get_init_inputs()`` at other values: floats (a multiplier, a
-        slope, clamp bounds; ``varied_scalar``) and integers below 4, which the odd sizes leave
-        alone (kernel sizes, strides, paddings, dilations: one step away from zero). A kernel that
-        writes the problem's values in instead of reading its constructor's arguments is right at
-        those values only. Each change is kept only if the problem still
-        runs on the meta device with the ones kept before it."""
+        slope, clamp bounds; ``varied_scalar``), floats equal to 0.0 (``varied_zero``) and
+        integers below 4, which the odd sizes leave alone (kernel sizes, strides, paddings,
+        dilations: one step away from zero). A kernel that writes the problem's values in instead
+        of reading its constructor's arguments is right at those values only. Each change is kept
+        only if the problem still runs on the meta device with the ones kept before it; a zero
+        also only where the reference with it alone runs on the base set's draw, keeps its
+        output's shapes, stays finite and gives the same output twice (``_zero_argument_fault``:
+        a dropout probability of 0.0 stays 0.0)."""
         import torch
 
         def init_of(values: dict) -> list:
             torch.manual_seed(self.seed)
             return list(self.module_at(values).get_init_inputs())
 
-        changes = [(n, varied_scalar(v, self.scalar_factor))
-                   for n, v in find_scalar_constants(self.original_source).items()]
+        scalars = find_scalar_constants(self.original_source)
+        # Floats equal to 0.0 only where the reference, run with the new value, stays valid
+        # (``_zero_argument_fault``): a zero may be a disabled option (a dropout probability).
+        changes = [(n, varied_scalar(v, self.scalar_factor) if v != 0.0 else varied_zero(self.scalar_factor))
+                   for n, v in scalars.items()]
         # Not an axis (``dim``, ``axis``): a kernel tiled for the problem's axis is right on
         # another but can be many times slower in the CPU interpreter, past its time limit.
         changes += [(n, v + 1 if v >= 0 else v - 1) for n, v in self.values.items()
@@ -682,10 +824,38 @@ class ReferenceBuilder:
                     continue  # never reaches the constructor
                 if check_meta and not meta_forward_runs(rewrite_constants(self.original_source, trial)):
                     continue
+                if scalars.get(name) == 0.0 and name not in self._zero_arguments():
+                    continue
                 varied[name] = other
         except Exception as exc:  # noqa: BLE001 - the problem rejects a value: keep what was kept
             self.skip("constructor arguments", type(exc).__name__)
         return varied
+
+    def _zero_argument_fault(self, name: str, other: float) -> str:
+        """Why the module constant ``name`` (0.0 in the problem) cannot reach the constructor as
+        ``other``, or '' (``scalar_variation_fault``): a fresh reference model with it, on the base
+        set's sizes and draw, against the base model on that draw."""
+        import torch
+
+        try:
+            module = self.module_at({**self.values, name: other})
+            torch.manual_seed(self.seed)
+            init = list(module.get_init_inputs())
+            torch.manual_seed(self.seed)
+            model = module.Model(*init).to(self.device)
+        except Exception as exc:  # noqa: BLE001 - the problem rejects the value
+            return f"reference failed ({type(exc).__name__})"
+        inputs = self.draw_inputs(self.base, self.input_seed)
+        try:
+            before = self._fp32_rerun(0, inputs)
+        except Exception as exc:  # noqa: BLE001 - nothing to compare with
+            return f"base reference failed ({type(exc).__name__})"
+
+        def run() -> Any:
+            with torch.no_grad():
+                return model(*map_tensors(inputs, lambda t: t.to(self.device)))
+
+        return scalar_variation_fault(run, before)
 
     def _add_shape_variation(self, seed: int) -> None:
         eligible = {n: odd_size(v) for n, v in self.values.items() if v >= 4 and odd_size(v) != v}

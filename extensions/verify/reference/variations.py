@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from ..common.problem_constants import varied_scalar
+from ..common.problem_constants import varied_int, varied_scalar, varied_zero
 
 # In order of value when few sets are asked for: both signs first (many problems draw inputs
 # with torch.rand, all positive, where ReLU and identity agree), then large values (past the
@@ -166,11 +166,25 @@ def with_zeros(x):
     return x.masked_fill(torch.rand(x.shape, device=x.device) < ZERO_SHARE, 0.0)
 
 
-def with_scalars_varied(values: list, factor: float) -> list:
+def is_plain_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def varied_input_scalar(value, factor: float):
+    """``value`` (a Python int, or a float equal to 0.0) at the value a varied set gives it."""
+    return varied_int(value) if is_plain_int(value) else varied_zero(factor)
+
+
+def with_scalars_varied(values: list, factor: float, positions: frozenset[int] | set[int] = frozenset()) -> list:
     """The problem's Python float inputs (a scale written into ``get_inputs``) at other values,
     as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
-    at that value only."""
-    return [varied_scalar(v, factor) if isinstance(v, float) else v for v in values]
+    at that value only. The Python ints and the floats equal to 0.0 at ``positions`` (those the
+    reference was found to stay valid with, ``ReferenceBuilder._scalar_plan``) move too
+    (``varied_int``, ``varied_zero``): a kernel with ``k = 3`` or a zero shift written in is
+    right at that value only."""
+    return [varied_input_scalar(v, factor) if i in positions
+            else varied_scalar(v, factor) if isinstance(v, float) else v
+            for i, v in enumerate(values)]
 
 
 # Integer inputs: the variations that give them other values, and the share of elements made large.
