@@ -442,3 +442,38 @@ def test_the_shape_set_shares_a_large_offset_where_the_reference_stays_exact():
     no_fp64.build()
     (shape,) = [s for s in no_fp64.sets if s["kind"] == "shape"]
     assert "offset" not in shape and any(n.startswith("shape offset:") for n in no_fp64.skipped), no_fp64.skipped
+
+
+# A batch secret drawn in a run of the suite: at -119 deviations, the top of the offset's range,
+# PyTorch's own fp32 LayerNorm of KernelBench L1 #40 is off its fp64 run, so the shape set lost the
+# offset and a one-pass-variance LayerNorm (wrong/layer_norm_one_pass_variance.py) was accepted.
+TOP_OF_RANGE_SECRET = {
+    "input_seed": 247181393331298038, "param_seed": 2400367766596780603, "scalar_factor": 1.344878953626878,
+    "transforms": {"signed": [4.014683816362173, 2.165655238434425, 1.0], "scale_down": 0.0019061490461988468,
+                   "scale_up": 452.4138975675377, "scale_up_tops": [5.838011216739915, 4.43809250943206],
+                   "scale_up_share": 0.001230882659884318, "shift": 2.663033693694807,
+                   "shift_scale": 153.72072181895817, "offset": -119.30666857514483}}
+
+
+def test_an_offset_the_reference_cannot_take_is_halved_not_dropped(kernelbench_jsonl):
+    """Where the fp32 reference strays from its fp64 run at the drawn offset, the shape set takes
+    half of it (60 deviations still cost a one-pass variance 1e-3) instead of none."""
+    import json
+
+    from extensions.verify.common.compare import compare_outputs
+
+    rows = (json.loads(line) for line in kernelbench_jsonl.read_text().splitlines() if line.strip())
+    layer_norm = next(r["code"] for r in rows if r["level"] == 1 and r["problem_id"] == 40)
+    job = {**reference_job(VerifierConfig(), "cpu"), "seed": 1042}
+    builder = ReferenceBuilder(layer_norm, job, TOP_OF_RANGE_SECRET)
+    builder.build()
+    (shape,) = [s for s in builder.sets if s["kind"] == "shape"]
+    assert shape.get("offset") == 0.5, builder.skipped
+    (x,) = _inputs(builder, shape["name"])
+    assert abs(float(x.mean())) > 50 * float(x.std())
+    rows_of_x = x.reshape(x.shape[0], -1)
+    ln = builder.models[shape["init"]].ln
+    with torch.no_grad():
+        one_pass = (_one_pass_layer_norm(rows_of_x).reshape(x.shape) * ln.weight + ln.bias)
+    expected = builder.expected[shape["expected"]["tensor"]]
+    assert compare_outputs(one_pass, expected, VerifierConfig(), atol_scale=shape["atol_scale"]) is not None
