@@ -376,20 +376,24 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
     return summary
 
 
-FAILURE_KINDS = ("no code block", "syntax error", "other static rule", "compile error", "raised on first inputs",
-                 "wrong shape", "wrong values", "failed a later input set", "correct")
+FAILURE_KINDS = ("no code block", "syntax error", "unbound name", "other static rule", "compile error",
+                 "raised on first inputs", "wrong shape", "wrong values", "failed a later input set", "correct")
+UNBOUND_NAME = "is neither defined in the module nor an allowed builtin"
 
 
 def failure_kind(sample: dict) -> str:
-    """Where one answer stops, finer than the verifier's stage: a syntax error apart from the other
-    static rules, and a first-input-set failure split into raising, the wrong shape and wrong values."""
+    """Where one answer stops, finer than the verifier's stage: a syntax error and a name the answer
+    never binds (the wrapper's bookkeeping gone wrong) apart from the other static rules, and a
+    first-input-set failure split into raising, the wrong shape and wrong values."""
     if sample.get("correct"):
         return "correct"
     stage, error = sample.get("stage") or "none", sample.get("error") or ""
     if stage == "none":
         return "no code block"
     if stage == "extract":
-        return "syntax error" if "syntax error" in error else "other static rule"
+        if "syntax error" in error:
+            return "syntax error"
+        return "unbound name" if UNBOUND_NAME in error else "other static rule"
     if stage == "static":
         return "compile error"
     if stage == "compile":

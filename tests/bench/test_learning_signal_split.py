@@ -105,11 +105,13 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
 
 
 def test_failure_breakdown_tells_raising_from_wrong_answers(learning_signal):
-    """The stage alone hides why an answer that compiles fails: raising in the wrapper and computing
-    the wrong thing need different fixes, so the report counts them apart."""
+    """The stage alone hides why an answer fails: a name it never binds, raising in the wrapper and
+    computing the wrong thing need different fixes, so the report counts them apart."""
     samples = [
         {"stage": "none", "error": "extract: no code block defines ModelNew"},
         {"stage": "extract", "error": "static: syntax error: '(' was never closed"},
+        {"stage": "extract", "error": "static: line 40: name 's50' is neither defined in the module nor an allowed "
+                                      "builtin; line 41: R0_BLOCK used inside Triton kernel k"},
         {"stage": "extract", "error": "static: no kernel[grid](...) launch reachable from ModelNew.forward"},
         {"stage": "static", "error": "compile: ..."},
         {"stage": "compile", "error": "tiny: exception: TypeError: call() takes 1 positional argument"},
