@@ -136,3 +136,35 @@ def test_a_deadline_leaves_captures_waiting_and_the_next_run_finishes_them(tmp_p
     assert len({r["sha"] for r in kept}) == len(kept)  # nothing judged twice into the file
     assert len(kept) + len(dropped) == 3 and second.pairs_built == len(kept) > 0
     assert second.tried == 3 - first.captured - len(dropped)  # captures are not made again
+
+
+def _operations(source: str) -> int:
+    """Calls and arithmetic in ``forward``: what the kernel for the program has to compute."""
+    forward = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "forward")
+    return sum(isinstance(n, (ast.Call, ast.BinOp)) for n in ast.walk(forward))
+
+
+def test_short_programs_are_one_or_two_operations_and_survive_screening(tmp_path, kernelbench_jsonl):
+    """A model trained on long chains writes long chains for a one-op problem; the short family is
+    the data against that, and it is useless if the near-duplicate rule drops it as it drops most
+    single activations (whose text is mostly the module around them)."""
+    from extensions.data.synthesis.build import SynthesisReport, _Appender, screen_programs
+
+    short = draw_programs(120, seed=3, families=("short",))
+    counts = sorted(_operations(p.source) for p in short)
+    # Two steps each; a few unary templates are themselves two or three (exp(-abs(x))).
+    assert counts[len(counts) // 2] == 2 and counts[-1] <= 6, counts
+    for program in short[:10]:
+        _run_program(program.source)
+    # The text rules are what drop single activations; tracing every KernelBench problem would
+    # add half a minute and no program of this draw computes one of them.
+    options = SynthesisOptions(out=tmp_path / "pairs.jsonl", eval_tasks=[kernelbench_jsonl],
+                               decontaminate_by_computation=False)
+
+    def kept(programs):
+        return list(screen_programs(programs, options, SynthesisReport(), _Appender(tmp_path / "dropped.jsonl")))
+
+    activations = draw_programs(120, seed=3, families=("activation",))
+    # Single activations saturate near one per template and rank; short programs keep coming.
+    assert len(kept(activations)) <= 0.4 * len(activations)
+    assert len(kept(short)) >= 0.6 * len(short)

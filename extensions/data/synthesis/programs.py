@@ -8,8 +8,9 @@ varies module-level constants and constructor arguments, and a kernel compiled f
 right only for ``0.2``. Sizes within a program are distinct (no two dimensions equal), because
 inductor would otherwise be free to treat them as one symbol.
 
-Families: elementwise chains, activations, reductions over any axis, norms, softmax family, scans,
-pooling, broadcasting, GEMM and convolution with epilogues, in fp32, fp16 and bf16.
+Families: elementwise chains, activations, short programs (one or two operations: what a one-op
+problem's kernel looks like), reductions over any axis, norms, softmax family, scans, pooling,
+broadcasting, GEMM and convolution with epilogues, in fp32, fp16 and bf16.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-FAMILIES = ("elementwise", "activation", "reduction", "norm", "softmax", "scan", "pooling",
+FAMILIES = ("elementwise", "activation", "short", "reduction", "norm", "softmax", "scan", "pooling",
             "broadcast", "gemm", "conv")
 # Families whose main op inductor hands to a library unless asked for its Triton templates.
 TEMPLATE_FAMILIES = ("gemm", "conv")
@@ -166,6 +167,36 @@ def _activation(rng: random.Random) -> tuple[str, bool]:
                    [_shape_call(names, _dtype(rng))]), False
 
 
+SCALAR_STEPS = ["{x} * {c}", "{x} + {c}", "{x} - {c}", "{x} / {c}", "{c} - {x}"]
+
+
+def _scalar_step(rng: random.Random, x: str) -> str:
+    return rng.choice(SCALAR_STEPS).format(x=x, c=_lit(rng, 0.2, 3.0))
+
+
+def _short(rng: random.Random) -> tuple[str, bool]:
+    """One or two operations on one input of rank 1-4: a model trained only on long chains writes
+    long chains for a one-op problem, so these show the kernel such a problem needs. The
+    operation pairs are many (30 unary ops, 5 scalar steps, either order, or two unary ops), so
+    they survive the near-duplicate rule that single activations mostly do not."""
+    rank = rng.randint(1, 4)
+    names = DIM_NAMES[:rank]
+    sizes = _sizes(rng, rank, rng.choice([4096, 16384, 65536, 262144])) if rank > 1 else \
+        [rng.choice([1000, 4096, 5000, 16384, 65537])]
+    shape = rng.choice(["unary_then_scalar", "scalar_then_unary", "unary_unary", "reduce_scalar"])
+    if shape == "unary_then_scalar":
+        expr = _scalar_step(rng, _unary(rng, "x"))
+    elif shape == "scalar_then_unary":
+        expr = _unary(rng, f"({_scalar_step(rng, 'x')})")
+    elif shape == "unary_unary":
+        expr = _unary(rng, _unary(rng, "x"))
+    else:
+        template, _ = rng.choice(REDUCTIONS[:4])
+        expr = _scalar_step(rng, template.format(x="x", d=rng.randrange(rank)))
+    return _module(dict(zip(names, sizes)), "", ["x"], f"return {expr}",
+                   [_shape_call(names, _dtype(rng))]), False
+
+
 def _reduction(rng: random.Random) -> tuple[str, bool]:
     rank = rng.randint(2, 4)
     names = DIM_NAMES[:rank]
@@ -296,12 +327,12 @@ def _conv(rng: random.Random) -> tuple[str, bool]:
 
 
 BUILDERS: dict[str, Callable[[random.Random], tuple[str, bool]]] = {
-    "elementwise": _elementwise, "activation": _activation, "reduction": _reduction, "norm": _norm,
+    "elementwise": _elementwise, "activation": _activation, "short": _short, "reduction": _reduction, "norm": _norm,
     "softmax": _softmax, "scan": _scan, "pooling": _pooling, "broadcast": _broadcast, "gemm": _gemm,
     "conv": _conv,
 }
 # Draw weights: the cheap, varied families most; templates (slow to autotune) least.
-WEIGHTS = {"elementwise": 24, "activation": 6, "reduction": 18, "norm": 10, "softmax": 8, "scan": 4,
+WEIGHTS = {"elementwise": 16, "activation": 6, "short": 24, "reduction": 18, "norm": 10, "softmax": 8, "scan": 4,
            "pooling": 6, "broadcast": 8, "gemm": 6, "conv": 3}
 
 
