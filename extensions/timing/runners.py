@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
 from extensions.timing.tensors import flatten_tensors, plain_output
@@ -375,14 +376,12 @@ class CudaTrialRunner(_RunnerBase):
             launch_excluded=held,
         )
 
-
     def trace_streams(self, calls: int) -> dict:
         """The streams the candidate's GPU work ran on over ``calls`` forwards, as the CUDA profiler
         (CUPTI, which sees every kernel, copy and fill of the process, whatever launched it) records
         them. Each call first runs a probe fill on the calling stream, so the first traced event
         names that stream. Returns ``calls``, ``on_calling_stream`` (events there, probes included)
         and ``elsewhere`` (events on any other stream)."""
-        import json
         import os
 
         import torch
@@ -395,17 +394,8 @@ class CudaTrialRunner(_RunnerBase):
                 torch.empty(1, device=self.device).fill_(0)
                 self._forward(CANDIDATE)
             torch.cuda.synchronize(self.device)
-        path = os.path.join(os.getcwd(), "timing_stream_trace.json")
-        try:
-            profiler.export_chrome_trace(path)
-            with open(path) as fh:
-                trace = json.load(fh)
-        finally:
-            if os.path.exists(path):
-                os.remove(path)
-        events = sorted((e.get("ts", 0), (e.get("args") or {}).get("stream"))
-                        for e in trace.get("traceEvents", []) if isinstance(e, dict)
-                        and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        traced = read_device_events(profiler, os.path.join(os.getcwd(), "timing_stream_trace.json"))
+        events = sorted((event.ts, event.stream) for event in traced)
         if not events:
             return {"calls": calls, "on_calling_stream": 0, "elsewhere": 0}
         calling = events[0][1]

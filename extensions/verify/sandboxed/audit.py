@@ -44,12 +44,13 @@ monkeypatching and why the parent (not the worker) decides correctness.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+
+from extensions.timing.cuda_trace import read_device_events
 
 from ..static.policy import ALLOWED_CUDA_KERNEL_FRAGMENTS, LIBRARY_GEMM_ATEN_OPS, aten_op_allowed
 
@@ -347,21 +348,13 @@ class RuntimeAudit:
             self._read_cuda_trace(profiler, stream)
 
     def _read_cuda_trace(self, profiler, stream) -> None:
-        path = os.path.join(self.trace_dir, "forward_trace.json")
         try:
-            profiler.export_chrome_trace(path)
-            with open(path) as fh:
-                trace = json.load(fh)
+            events = read_device_events(profiler, os.path.join(self.trace_dir, "forward_trace.json"))
         except (OSError, ValueError, RuntimeError) as exc:
             self.report.details["cuda_trace_error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
             return
-        finally:
-            with contextlib.suppress(OSError):
-                os.remove(path)
-        events = trace.get("traceEvents", []) if isinstance(trace, dict) else []
-        kernels = sorted((e.get("ts", 0), e.get("name", ""), (e.get("args") or {}).get("stream"),
-                          float(e.get("dur") or 0.0))
-                         for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
+        kernels = sorted((event.ts, event.name, event.stream, event.duration_us)
+                         for event in events if event.category == "kernel")
         self.report.cuda_kernels = [(name, stream, duration) for _ts, name, stream, duration in kernels]
 
     def _finalise(self, mode_intact: bool, construction: bool) -> None:
