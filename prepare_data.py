@@ -33,7 +33,7 @@ PROG = "prepare_data"
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_config_args(parser, stage_script=True)
-    parser.add_argument("--kernelbook", help="hub id, local .jsonl/.json/.parquet, or 'bundled' (data.kernelbook)")
+    parser.add_argument("--kernelbook", help="hub id, local .jsonl/.json/.parquet, or 'bundled'; several joined by commas (data.kernelbook)")
     parser.add_argument("--kernelbench", help="hub id, local JSONL, or 'none' (data.kernelbench)")
     parser.add_argument("--out", type=Path, help="output directory (default: the run's data/processed)")
     parser.add_argument("--max_samples", type=int, help="read at most N KernelBook rows (data.max_samples)")

@@ -49,7 +49,7 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    kernelbook: str = "GPUMODE/KernelBook"  # hub id, or a local .jsonl/.json/.parquet file
+    kernelbook: str = "GPUMODE/KernelBook"  # hub id or local .jsonl/.json/.parquet file; several: comma-joined
     kernelbench: str = "ScalingIntelligence/KernelBench"  # hub id, a local JSONL, or "none"
     kernelbench_levels: list[int] = field(default_factory=lambda: [1, 2, 3])
     bundled_eval_tasks: bool = False  # add the project's own evaluation tasks to eval_tasks.jsonl

@@ -6,6 +6,7 @@ missing or unreadable as a whole raises ``SourceError`` naming it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -124,8 +125,27 @@ def _read_hub(dataset_id: str, split: str) -> Iterator[SourceRow]:
         yield SourceRow(number, row=dict(row))
 
 
+def source_specs(spec: str) -> list[str]:
+    """The sources a spec names: several are joined by commas (KernelBook from the hub and pairs of
+    one's own, say), read in that order as one source."""
+    return [part.strip() for part in spec.split(",") if part.strip()] or [spec]
+
+
 def read_kernelbook(spec: str) -> Iterator[SourceRow]:
-    """KernelBook rows from ``bundled``, a local file, or a hub dataset id (split ``train``)."""
+    """KernelBook rows from ``bundled``, a local file, or a hub dataset id (split ``train``), or from
+    several of these joined by commas; rows are numbered across them in order."""
+    specs = source_specs(spec)
+    if len(specs) > 1:
+        readers = [read_kernelbook(one) for one in specs]  # a missing file fails before any row is read
+
+        def joined() -> Iterator[SourceRow]:
+            index = 0
+            for rows in readers:
+                for item in rows:
+                    index += 1
+                    yield dataclasses.replace(item, index=index)
+
+        return joined()
     if spec == BUNDLED:
         from .bundled import bundled_pairs
 
@@ -156,6 +176,9 @@ def read_kernelbench(spec: str, levels: list[int]) -> Iterator[SourceRow]:
 
 def source_identity(spec: str) -> dict[str, Any]:
     """What identifies a source's content for the up-to-date check."""
+    specs = source_specs(spec)
+    if len(specs) > 1:
+        return {"specs": [source_identity(one) for one in specs]}
     if spec == NONE:
         return {"spec": spec}
     if spec == BUNDLED:

@@ -14,6 +14,7 @@ from extensions.data import format_summary, prepare
 from extensions.data import rejections as R
 from extensions.data.bundled import bundled_pairs
 from extensions.data.kernelbook import flatten_init_inputs, normalise_row, rename_class
+from extensions.data.sources import SourceError
 from extensions.data.splits import split_ids
 from project_paths import PROJECT_ROOT
 
@@ -177,6 +178,29 @@ def test_parquet_and_json_inputs_match_jsonl(tmp_path):
         labels = (tmp_path / suffix / "difficulty_labels.jsonl").read_text()
         assert labels == (tmp_path / "jsonl" / "difficulty_labels.jsonl").read_text()
     assert set(kept.values()) == {(len(rows), len(rows))}
+
+
+def test_sources_joined_by_commas_are_read_as_one_and_each_counts_for_freshness(tmp_path):
+    """Pairs of one's own beside KernelBook: one spec, both files' rows, and a change to either
+    makes the outputs stale."""
+    rows = _good_rows()
+    first, second = tmp_path / "kernelbook.jsonl", tmp_path / "synthesized.jsonl.gz"
+    first.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    import gzip
+
+    with gzip.open(second, "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows[3:]))
+    out = tmp_path / "out"
+    joined = f"{first}, {second}"
+    outcome = prepare(_config(joined), out, progress=False)
+    tally = outcome.report["sources"]["kernelbook"]
+    assert (tally["read"], tally["kept"]) == (len(rows), len(rows))
+    assert prepare(_config(joined), out, progress=False).up_to_date
+    with gzip.open(second, "wt") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows[3:-1]))
+    assert not prepare(_config(joined), out, progress=False).up_to_date
+    with pytest.raises(SourceError, match="absent.jsonl.*not found"):
+        prepare(_config(f"{first},{tmp_path / 'absent.jsonl'}"), tmp_path / "other", progress=False)
 
 
 def test_max_samples_idempotence_and_force(tmp_path, capsys):
