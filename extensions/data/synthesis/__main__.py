@@ -2,7 +2,8 @@
 
     python -m extensions.data.synthesis --count 3000 --out data/synthesized/pairs.jsonl \\
         --eval-tasks ../shared/kernelbench/kernelbench_problems.jsonl [--modules my_modules/*.py] \\
-        [--max-minutes 9] [--seed 0] [--capture-workers 8] [--verify-workers 8] [--no-progress]
+        [--max-minutes 9] [--seed 0] [--capture-workers 8] [--verify-workers 8] [--capture-ahead N]
+        [--no-progress]
 
 The output is KernelBook-format JSONL: ``prepare_data.py --kernelbook data/synthesized/pairs.jsonl``
 reads it like the hub's. A rerun continues where the last one stopped. Exit status 2 when no CUDA
@@ -30,11 +31,14 @@ def parse_args(argv: list[str]) -> SynthesisOptions:
     parser.add_argument("--capture-workers", "--capture_workers", type=int, default=0)
     parser.add_argument("--verify-workers", "--verify_workers", type=int, default=0)
     parser.add_argument("--max-minutes", "--max_minutes", type=float, default=0.0)
+    parser.add_argument("--capture-ahead", "--capture_ahead", type=int, default=0,
+                        help="programs in capture or awaiting a verdict, at most (0: automatic)")
     parser.add_argument("--no-progress", "--no_progress", action="store_true")
     args = parser.parse_args(argv)
     return SynthesisOptions(out=args.out, count=args.count, seed=args.seed, families=tuple(args.families),
                             module_files=args.modules, eval_tasks=args.eval_tasks,
                             capture_workers=args.capture_workers, verify_workers=args.verify_workers,
+                            capture_ahead=args.capture_ahead,
                             max_minutes=args.max_minutes,
                             progress=not args.no_progress)
 

@@ -51,6 +51,10 @@ class SynthesisOptions:
     capture_workers: int = 0  # 0: half the CPU cores, at most 12
     verify_workers: int = 0  # verifier slots; 0: the verifier's own default
     max_minutes: float = 0.0  # stop starting new work after this long (0: no limit); rerun resumes
+    # Programs in capture or captured and awaiting a verdict, at most (0: the verifier's lookahead
+    # plus two per capture worker). Capturing far ahead of verification spends the CPU that the
+    # verifier, the bottleneck, needs; what is not captured before a deadline is drawn next run.
+    capture_ahead: int = 0
     verify_device: str = "cuda"  # where captured pairs are judged (cpu: the interpreter, for tests)
     # Program -> Captured, run in the capture processes (a module-level function); None: inductor
     # on the CUDA device (``capture.capture``). Tests put recorded captures here.
@@ -72,6 +76,7 @@ class SynthesisReport:
     verify_seconds: float = 0.0  # wall time of the verifier's batches
     stopped_early: bool = False
     untraceable: int = 0  # programs whose computation could not be traced (the text rule alone judged them)
+    most_unjudged: int = 0  # the most captured rows awaiting a verdict at once
 
     def count(self, family: str, outcome: str) -> None:
         """One program's outcome: kept, or the reason it was dropped."""
@@ -305,7 +310,12 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
     config = VerifierConfig(device=options.verify_device, workers=options.verify_workers)
     verification = PairVerification(config, expected=len(by_digest))
     ahead = max(8, 3 * verification.slots())
+    capture_ahead = options.capture_ahead or ahead + 2 * workers
     verify_started = time.time()
+
+    def room_to_capture(pending: int) -> bool:
+        with lock:
+            return pending + len(queued) + in_flight[0] < capture_ahead
 
     last_report = [0.0]
 
@@ -368,14 +378,19 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
                     for future in list(pending):
                         if future.cancel():
                             pending.pop(future)
-                while not exhausted and len(pending) < 2 * workers and not stopping.is_set():
+                while (not exhausted and len(pending) < 2 * workers and not stopping.is_set()
+                       and room_to_capture(len(pending))):
                     program = next(todo, None)
                     if program is None:
                         exhausted = True
                     else:
                         pending[pool.submit(_capture_in_worker, program, options.capture)] = program
                 if not pending:
-                    break
+                    if exhausted or stopping.is_set():
+                        break
+                    time.sleep(0.2)  # the verifier is behind: capture again once it catches up
+                    feed()
+                    continue
                 finished, _ = wait(list(pending), timeout=5.0, return_when=FIRST_COMPLETED)
                 for future in finished:
                     program = pending.pop(future)
@@ -394,6 +409,7 @@ def _run(todo: Iterator[Program], waiting: list[dict], options: SynthesisOptions
                         outputs.captured.write([outcome["row"]])
                         with lock:
                             queued.append(outcome["row"])
+                            report.most_unjudged = max(report.most_unjudged, len(queued) + in_flight[0])
                     else:
                         with lock:
                             drop(program, outcome["reason"], outcome["detail"])
