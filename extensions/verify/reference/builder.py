@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from extensions.timing.tensors import flatten_tensors
 
+from ..common.judged_context import CONTEXTS, describe, judged_context
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
@@ -397,6 +398,81 @@ class ReferenceBuilder:
             seed += 1
         if job["multi_input"] and job["shape_variations"]:
             self._add_wide_set(seed)
+        self._assign_contexts()
+
+    def _assign_contexts(self) -> None:
+        """The sets called in another context than the harness's own (``judged_context``: eval
+        mode, grad on): every context of ``CONTEXTS`` once, where there are sets enough, and each
+        further set in one drawn from those and the harness's own, on sets in an order drawn per
+        batch. A kernel wrong in one context on some inputs only (a ReLU that copies its input in
+        eval mode is wrong on negative values alone) meets that context on the sets that show it
+        in a share of batches, not in every one. Never ``tiny`` (the funnel's partial credit
+        stays a verdict on the harness's own call), the base (timed, run twice on CUDA, the
+        problem's own call), the wide set or a timed one (their size, on CUDA, leaves no room for
+        autograd's saved tensors)."""
+        import random
+
+        eligible = [i for i, s in enumerate(self.sets)
+                    if s["kind"] not in ("tiny", "base", "wide") and not s["timing"]]
+        rng = random.Random(self.input_seed * 31 + 17)
+        rng.shuffle(eligible)
+        contexts = list(CONTEXTS)
+        rng.shuffle(contexts)
+        contexts += [rng.choice(CONTEXTS + ((False, False),)) for _ in eligible[len(contexts):]]
+        for index, (eval_mode, grad) in zip(eligible, contexts):
+            if eval_mode or grad:
+                self._judge_in_context(index, eval_mode, grad)
+
+    def _judge_in_context(self, index: int, eval_mode: bool, grad: bool) -> None:
+        """Set ``index`` called in eval mode and/or with grad on, where the reference in that
+        context (its model called once more: one with state that changes per call does not
+        match, and the set keeps the harness's own context) matches its own output within
+        ``EXACTNESS_MARGIN`` of the set's tolerances; its expected output is then the
+        reference's in that context. Eval mode changes what BatchNorm and dropout compute, and
+        a kernel that ignores the mode is right for the problem as the harness defines it (every
+        module in training mode, as constructed): where the mode changes the output, the set is
+        called with grad on alone. Grad mode changes no value PyTorch computes."""
+        from ..common.compare import compare_outputs
+        from ..common.tensor_io import unpack
+
+        entry = self.sets[index]
+        inputs = unpack(entry["inputs"], self.tensors)
+        expected = unpack(entry["expected"], self.expected)
+        slack = unpack(entry["slack"], self.expected) if "slack" in entry else None
+        ambiguous = unpack(entry["ambiguous"], self.expected) if "ambiguous" in entry else None
+        margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
+        tries = [(eval_mode, grad)] + ([(False, True)] if eval_mode else [])
+        for eval_now, grad_now in tries:
+            context = {"eval": eval_now, "grad": grad_now}
+            try:
+                out = self._context_run(int(entry["init"]), inputs, context)
+            except Exception as exc:  # noqa: BLE001 - the set keeps the harness's own context
+                self.skip("judged context", f"{entry['name']}: {describe(context)} not used "
+                          f"(reference failed: {type(exc).__name__})")
+                continue
+            mismatch = compare_outputs(out, expected, self.exactness, atol_scale=entry["atol_scale"],
+                                       slack=margin, ambiguous=ambiguous)
+            if mismatch is not None:
+                self.skip("judged context", f"{entry['name']}: {describe(context)} not used (the reference's "
+                          f"output changes with it: {mismatch.reason})")
+                continue
+            for key in [k for k in self.expected if k == f"s{index}.out" or k.startswith(f"s{index}.out.")]:
+                del self.expected[key]
+            entry["expected"] = pack(out, f"s{index}.out", self.expected)
+            entry["context"] = context
+            return
+
+    def _context_run(self, init_index: int, inputs: list, context: dict) -> Any:
+        """The model of ``init_index`` called on ``inputs`` in ``context``. Every set is built by
+        then, so the call changes no set's output, and no copy of a large model is held."""
+        model = self.models[init_index]
+        with judged_context(model, context):
+            out = model(*map_tensors(inputs, lambda t: t.to(self.device)))
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+        return map_tensors(out, lambda t: t.detach())
 
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with

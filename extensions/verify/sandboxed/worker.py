@@ -185,11 +185,13 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     """Run forward on one input set under the audit. What it returned, the inputs after the call
     and the model's weights are read afterwards only through plain aliases of torch's own tensor
     types (``plain_output``, ``module_tensors``): a method the candidate gave a tensor or a module
-    never runs outside the audited call."""
+    never runs outside the audited call. The call is made in the set's context (``judged_context``:
+    eval mode, grad on), as the reference's was."""
     import torch
 
     from extensions.timing.tensors import ForeignTensorType, plain_output
 
+    from ..common.judged_context import judged_context
     from ..common.model_tensors import module_tensors
     from ..common.tensor_io import TensorIOError, pack, save_tensors
 
@@ -207,8 +209,10 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     elif autotune is not None:  # CUDA: this set's autotune configs
         autotune.start_set(index)
     repeat = None
+    context = set_spec.get("context")
     try:
-        with torch.no_grad(), audit.forward() as report:
+        # The mode switch runs inside the audited call: a module's property it reaches is audited.
+        with audit.forward() as report, judged_context(model, context):
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
@@ -343,14 +347,14 @@ def _snapshot(device: str):
 
     from extensions.timing import tensors as output_tensors
 
-    from ..common import compare, model_tensors, param_noise, precision, tensor_io
+    from ..common import compare, judged_context, model_tensors, param_noise, precision, tensor_io
     from ..static import policy, triton_api, value_api
     from . import audit, handed_files, integrity, interpreter_compat
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, model_tensors,
-               param_noise, policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module,
-               json.encoder]
+    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, judged_context,
+               model_tensors, param_noise, policy, precision, tensor_io, output_tensors, triton_api, value_api,
+               json_module, json.encoder]
     for prefix in _COVERED_PACKAGES:
         modules += [module for name, module in sorted(sys.modules.items())
                     if name.startswith(prefix) and module is not None]
