@@ -6,7 +6,8 @@ user's eval-mode or training call. Some sets now run in eval mode and/or with gr
 reference in the same context; where eval mode changes the reference's output (BatchNorm) the
 set keeps training mode, since a kernel that ignores the mode is right for the problem as
 KernelBench calls it. The suite files ``wrong/rt_exact_only_*`` and
-``wrong/rt_bias_only_when_its_clone_needs_no_grad.py`` are the end-to-end cases.
+``wrong/rt_bias_only_when_its_clone_needs_no_grad.py`` are the end-to-end cases. Fresh CPU
+memory, always NaN, was another such constant (``wrong/rt_exact_only_where_fresh_memory_reads_nan.py``).
 """
 from __future__ import annotations
 
@@ -109,3 +110,31 @@ def test_the_context_is_set_as_a_users_call_sets_it_and_put_back():
         assert [m.training for m in model.modules()] == before
     assert seen == [(True, True, True, False), (False, False, False, False), (True, True, True, True),
                     (False, False, False, True)]
+
+
+def test_fresh_memory_holds_a_fill_drawn_per_set_past_the_base():
+    """Always NaN, fresh CPU memory told a kernel it was judged
+    (``wrong/rt_exact_only_where_fresh_memory_reads_nan.py``): past the base, one set's fresh
+    memory is zero, another's a drawn finite value, every ATen allocation's whole storage."""
+    import math
+
+    from extensions.verify.sandboxed.interpreter_compat import FreshMemory
+
+    fresh = FreshMemory()
+    fresh.plan([False, False, True, True, True, True])
+    assert set(fresh.fills) == {2, 3, 4, 5}
+    values = list(fresh.fills.values())
+    assert 0.0 in values and any(v != 0.0 and math.isfinite(v) for v in values)
+    (finite,) = [i for i, v in fresh.fills.items() if v != 0.0 and math.isfinite(v)][:1]
+    fresh.start_set(finite)
+    expected = fresh.fills[finite]
+    x = torch.ones(3)
+    with fresh.during():
+        made = [torch.empty(5), torch.empty_like(x), x.new_empty(4), torch.empty_strided((2,), (3,)),
+                torch.empty(0).resize_(6), torch.empty(3, dtype=torch.int32)]
+    for tensor in made[:5]:
+        storage = torch.empty(0).set_(tensor.untyped_storage(), 0, (tensor.untyped_storage().nbytes() // 4,))
+        assert torch.all(storage == torch.tensor(expected, dtype=torch.float32)), tensor
+    assert 1 <= int(made[5][0]) <= 100
+    fresh.start_set(0)  # no fill of its own: torch's deterministic NaN, as the worker sets it
+    assert type(fresh.during()).__name__ == "nullcontext"

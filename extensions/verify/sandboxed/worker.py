@@ -28,6 +28,7 @@ checked against the snapshot taken before the candidate was imported (``integrit
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -212,7 +213,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     context = set_spec.get("context")
     try:
         # The mode switch runs inside the audited call: a module's property it reaches is audited.
-        with audit.forward() as report, judged_context(model, context):
+        fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
+        with audit.forward() as report, judged_context(model, context), fresh:
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
@@ -399,6 +401,7 @@ def serve(control, clock=None) -> None:
     if device == "cpu":
         torch.set_num_threads(1)
         interpreter = interpreter_compat.install()
+        interpreter.fresh.plan([bool(s.get("shuffle_programs")) for s in job["sets"]])
     else:
         autotune = interpreter_compat.rotate_autotune_on_cuda()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
