@@ -212,8 +212,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     repeat = None
     context = set_spec.get("context")
     try:
-        # The mode switch runs inside the audited call: a module's property it reaches is audited.
         fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
+        # The mode switch runs inside the audited call: a module's property it reaches is audited.
         with audit.forward() as report, judged_context(model, context), fresh:
             output = model(*inputs)
         if device != "cpu":
