@@ -49,6 +49,21 @@ def test_int_and_zero_inputs_move_in_the_value_sets():
     assert not [n for n in power.skipped + shifted.skipped if "scalar inputs" in n]
 
 
+def test_the_other_value_sets_move_an_int_farther_by_a_step_drawn_per_batch():
+    """With one step in every set, an exponent capped at k + 1 was right on every set
+    (``wrong/rt_int_power_capped_one_above_the_problems.py``)."""
+    source = (catalog.PROBLEMS_DIR / "integer_power.py").read_text()
+    steps = set()
+    for _ in range(6):
+        power = _built(source)
+        others = [s for s in power.sets if s["kind"] == "values" and s["name"] != "signed" and "scalars_varied" in s]
+        assert others, [s["name"] for s in power.sets]
+        for chosen in others:
+            assert chosen["int_step"] == power.int_step and _scalars(chosen) == [3 + power.int_step]
+        steps.add(power.int_step)
+    assert steps <= {2, 3}
+
+
 AXIS_AND_PROBABILITY = textwrap.dedent('''
     import torch
     import torch.nn as nn

@@ -108,10 +108,10 @@ def varied_zero(factor: float) -> float:
     return factor - 1.0
 
 
-def varied_int(value: int) -> int:
-    """Another value for a Python integer input: one step away from zero, as ``varied_scalar``
-    moves whole numbers (a count, an exponent, a bound)."""
-    return value + 1 if value >= 0 else value - 1
+def varied_int(value: int, step: int = 1) -> int:
+    """Another value for a Python integer input: ``step`` away from zero, as ``varied_scalar``
+    moves whole numbers (a count, an exponent, a bound) by one."""
+    return value + step if value >= 0 else value - step
 
 
 def rewrite_constants(source: str, new_values: dict[str, int | float]) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from extensions.timing.tensors import flatten_tensors
 
 from ..common.compare import compare_outputs, inputs_unchanged
+from ..common.judged_context import describe as describe_context
 from ..common.phases import PhaseClock, sanitize_phases
 from ..common.precision import TF32_HINT, dots_at_tf32
 from ..common.tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
@@ -112,12 +113,14 @@ class CandidateRun:
         """What the worker learns of a set before its run: no values. On CUDA the base set runs
         twice (a kernel reading uninitialised memory gives two answers); on CPU the interpreter
         runs the programs of every set past the base in a shuffled order, so a kernel that relies
-        on program order (a cross-program race) gives another answer."""
+        on program order (a cross-program race) gives another answer. ``context``: the module mode
+        and grad mode the set is called in (``judged_context``), the reference's for that set."""
         kind = set_info["kind"]
         return {
             "name": set_info["name"], "timing": set_info["timing"], "init": int(set_info.get("init", 0)),
             "repeat": self.device != "cpu" and kind == "base",
             "shuffle_programs": self.device == "cpu" and kind not in ("tiny", "base"),
+            "context": set_info.get("context"),
         }
 
     def gpu_shared(self):
@@ -237,7 +240,9 @@ class CandidateRun:
             call = safe_name(call)
             if call not in result.allowed_library_calls:
                 result.allowed_library_calls.append(call)
-        label = phase if set_info["name"] == phase else f"{phase} ({set_info['name']})"
+        named = [part for part in (set_info["name"] if set_info["name"] != phase else "",
+                                   describe_context(set_info.get("context"))) if part]
+        label = f"{phase} ({', '.join(named)})" if named else phase
         if not status.get("ok"):
             status_failure(result, label, status)
             self._note_gpu_only(status)

@@ -7,12 +7,14 @@ reason from it, and the parent gets each as one ``name: reason`` line.
 """
 from __future__ import annotations
 
+import random
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from extensions.timing.tensors import flatten_tensors
 
+from ..common.judged_context import CONTEXTS, describe, judged_context
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
@@ -25,6 +27,8 @@ from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, integer
                          is_plain_int, transform_integers, transform_tensors, value_transforms, varied_input_scalar,
                          with_negative_lines, with_offset, with_outliers, with_scalars_varied, with_zeros)
 
+# How far the value sets after ``signed`` move a Python int (``_scalar_plan``), one drawn per batch.
+FAR_INT_STEPS = (2, 3)
 TIMING_INPUT_SETS = 4  # distinct input sets the timer rotates through (GPU only)
 # The wide set may hold this many times the cap's elements: on CPU the interpreter's time grows
 # with it; on CUDA its inputs cross the sandbox as files.
@@ -219,6 +223,11 @@ class ReferenceBuilder:
         self.refused: set[str] = set()
         self.integer_inputs = True  # whether the base set has integer tensors to vary (``_integer_plan``)
         self.scalar_positions: set[int] | None = None  # Python scalars of get_inputs to vary (``_scalar_plan``)
+        # The value sets after ``signed`` move the Python ints farther (``_scalar_plan``), by a step
+        # drawn per batch: with one step for every set, a kernel right for the problem's int and
+        # the one next to it (an exponent capped at k + 1) passed.
+        self.int_step = random.Random(self.input_seed * 13 + 5).choice(FAR_INT_STEPS)
+        self.far_scalar_positions: set[int] = set()
         self.zero_arguments: dict[str, float] | None = None  # constants at 0.0 to vary (``_zero_arguments``)
         self.argument_module: types.ModuleType | None = None  # the base with them varied
         self.base_finite = True  # the base set's output, and whether its inputs hold a float tensor
@@ -397,6 +406,79 @@ class ReferenceBuilder:
             seed += 1
         if job["multi_input"] and job["shape_variations"]:
             self._add_wide_set(seed)
+        self._assign_contexts()
+
+    def _assign_contexts(self) -> None:
+        """The sets called in another context than the harness's own (``judged_context``: eval
+        mode, grad on): every context of ``CONTEXTS`` once, where there are sets enough, and each
+        further set in one drawn from those and the harness's own, on sets in an order drawn per
+        batch. A kernel wrong in one context on some inputs only (a ReLU that copies its input in
+        eval mode is wrong on negative values alone) meets that context on the sets that show it
+        in a share of batches, not in every one. Never ``tiny`` (the funnel's partial credit
+        stays a verdict on the harness's own call), the base (timed, run twice on CUDA, the
+        problem's own call), the wide set or a timed one (their size, on CUDA, leaves no room for
+        autograd's saved tensors)."""
+        eligible = [i for i, s in enumerate(self.sets)
+                    if s["kind"] not in ("tiny", "base", "wide") and not s["timing"]]
+        rng = random.Random(self.input_seed * 31 + 17)
+        rng.shuffle(eligible)
+        contexts = list(CONTEXTS)
+        rng.shuffle(contexts)
+        contexts += [rng.choice(CONTEXTS + ((False, False),)) for _ in eligible[len(contexts):]]
+        for index, (eval_mode, grad) in zip(eligible, contexts):
+            if eval_mode or grad:
+                self._judge_in_context(index, eval_mode, grad)
+
+    def _judge_in_context(self, index: int, eval_mode: bool, grad: bool) -> None:
+        """Set ``index`` called in eval mode and/or with grad on, where the reference in that
+        context (its model called once more: one with state that changes per call does not
+        match, and the set keeps the harness's own context) matches its own output within
+        ``EXACTNESS_MARGIN`` of the set's tolerances; its expected output is then the
+        reference's in that context. Eval mode changes what BatchNorm and dropout compute, and
+        a kernel that ignores the mode is right for the problem as the harness defines it (every
+        module in training mode, as constructed): where the mode changes the output, the set is
+        called with grad on alone. Grad mode changes no value PyTorch computes."""
+        from ..common.compare import compare_outputs
+        from ..common.tensor_io import unpack
+
+        entry = self.sets[index]
+        inputs = unpack(entry["inputs"], self.tensors)
+        expected = unpack(entry["expected"], self.expected)
+        slack = unpack(entry["slack"], self.expected) if "slack" in entry else None
+        ambiguous = unpack(entry["ambiguous"], self.expected) if "ambiguous" in entry else None
+        margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
+        tries = [(eval_mode, grad)] + ([(False, True)] if eval_mode else [])
+        for eval_now, grad_now in tries:
+            context = {"eval": eval_now, "grad": grad_now}
+            try:
+                out = self._context_run(int(entry["init"]), inputs, context)
+            except Exception as exc:  # noqa: BLE001 - the set keeps the harness's own context
+                self.skip("judged context", f"{entry['name']}: {describe(context)} not used "
+                          f"(reference failed: {type(exc).__name__})")
+                continue
+            mismatch = compare_outputs(out, expected, self.exactness, atol_scale=entry["atol_scale"],
+                                       slack=margin, ambiguous=ambiguous)
+            if mismatch is not None:
+                self.skip("judged context", f"{entry['name']}: {describe(context)} not used (the reference's "
+                          f"output changes with it: {mismatch.reason})")
+                continue
+            for key in [k for k in self.expected if k == f"s{index}.out" or k.startswith(f"s{index}.out.")]:
+                del self.expected[key]
+            entry["expected"] = pack(out, f"s{index}.out", self.expected)
+            entry["context"] = context
+            return
+
+    def _context_run(self, init_index: int, inputs: list, context: dict) -> Any:
+        """The model of ``init_index`` called on ``inputs`` in ``context``. Every set is built by
+        then, so the call changes no set's output, and no copy of a large model is held."""
+        model = self.models[init_index]
+        with judged_context(model, context):
+            out = model(*map_tensors(inputs, lambda t: t.to(self.device)))
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+        return map_tensors(out, lambda t: t.detach())
 
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
@@ -424,7 +506,8 @@ class ReferenceBuilder:
                 varied = transform_tensors(inputs, tensor_fn)
                 if variation in WITH_ZEROS:
                     varied = transform_tensors(varied, with_zeros)
-                return with_scalars_varied(integers(varied), self.scalar_factor, self.scalar_positions or set())
+                positions, step = self._scalars_for(variation)
+                return with_scalars_varied(integers(varied), self.scalar_factor, positions, step)
             return transform
 
         if variation == "scale_up":
@@ -453,13 +536,13 @@ class ReferenceBuilder:
             if self.try_add(variation, "values", self._value_module(), seed, everything(self.negative_lines),
                             exact=True, rounding=OUTLIER_ROUNDING_SLACK):
                 self.sets[-1]["negative_lines"] = True
-                self._note_scalars()
+                self._note_scalars(variation)
                 return True
             why = self.skipped_sets.pop().reason
             self.skip(variation, f"every element shifted (lines: {why})")
         if self.try_add(variation, "values", self._value_module(), seed, everything(fn)):
             self._note_integers(positions)
-            self._note_scalars()
+            self._note_scalars(variation)
             return True
         why = self.skipped_sets.pop().reason
         if self.try_add(variation, "values", self.base, seed, lambda inputs: integers(transform_tensors(inputs, fn))):
@@ -472,9 +555,18 @@ class ReferenceBuilder:
         if positions:
             self.sets[-1]["integers_varied"] = sorted(positions)
 
-    def _note_scalars(self) -> None:
-        if self.scalar_positions:
-            self.sets[-1]["scalars_varied"] = sorted(self.scalar_positions)
+    def _scalars_for(self, variation: str) -> tuple[set[int], int]:
+        """The Python scalars value set ``variation`` moves, and the step its ints move by: one
+        in ``signed``, ``int_step`` in the others."""
+        if variation == "signed":
+            return self.scalar_positions or set(), 1
+        return self.far_scalar_positions, self.int_step
+
+    def _note_scalars(self, variation: str) -> None:
+        positions, step = self._scalars_for(variation)
+        if positions:
+            self.sets[-1]["scalars_varied"] = sorted(positions)
+            self.sets[-1]["int_step"] = step
         if self.sets[-1]["init"] != 0 and self.zero_arguments:
             self.sets[-1]["arguments_varied"] = sorted(self.zero_arguments)
 
@@ -538,7 +630,9 @@ class ReferenceBuilder:
         base model (``scalar_variation_fault``); one the reference cannot take keeps the
         problem's value, noted in ``skipped``: an axis or a size (the output's shape changes), a
         probability (the output is random), a value outside the problem's domain (it fails or
-        turns non-finite). Decided once, on the first value set's draw."""
+        turns non-finite). An int is tried one step away from zero (``signed``) and ``int_step``
+        away (the other value sets, ``far_scalar_positions``), each value alone. Decided once, on
+        the first value set's draw."""
         if self.scalar_positions is not None:
             return self.scalar_positions
         self.scalar_positions = set()
@@ -552,13 +646,19 @@ class ReferenceBuilder:
         except Exception:  # noqa: BLE001 - the set itself will say why
             return self.scalar_positions
         for i in candidates:
-            trial = list(inputs)
-            trial[i] = varied_input_scalar(inputs[i], self.scalar_factor)
-            why = scalar_variation_fault(lambda trial=trial: self._fp32_rerun(0, trial), before)
-            if why:
-                self.skip("scalar inputs", f"input {i} kept at {inputs[i]!r} ({why})")
-            else:
-                self.scalar_positions.add(i)
+            for step, kept in ((1, self.scalar_positions), (self.int_step, self.far_scalar_positions)):
+                if step != 1 and (i not in self.scalar_positions or not is_plain_int(inputs[i])):
+                    if i in self.scalar_positions:  # a zero's value does not depend on the step
+                        kept.add(i)
+                    break
+                trial = list(inputs)
+                trial[i] = varied_input_scalar(inputs[i], self.scalar_factor, step)
+                why = scalar_variation_fault(lambda trial=trial: self._fp32_rerun(0, trial), before)
+                if why:
+                    where = "" if step == 1 else f" in the sets that move it by {step}"
+                    self.skip("scalar inputs", f"input {i} kept at {inputs[i]!r}{where} ({why})")
+                    break
+                kept.add(i)
         return self.scalar_positions
 
     def _integer_plan(self, variation: str, seed: int) -> tuple[set[int], Any]:

@@ -170,19 +170,21 @@ def is_plain_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def varied_input_scalar(value, factor: float):
-    """``value`` (a Python int, or a float equal to 0.0) at the value a varied set gives it."""
-    return varied_int(value) if is_plain_int(value) else varied_zero(factor)
+def varied_input_scalar(value, factor: float, step: int = 1):
+    """``value`` (a Python int, or a float equal to 0.0) at the value a varied set gives it (an
+    int ``step`` away from zero)."""
+    return varied_int(value, step) if is_plain_int(value) else varied_zero(factor)
 
 
-def with_scalars_varied(values: list, factor: float, positions: frozenset[int] | set[int] = frozenset()) -> list:
+def with_scalars_varied(values: list, factor: float, positions: frozenset[int] | set[int] = frozenset(),
+                        step: int = 1) -> list:
     """The problem's Python float inputs (a scale written into ``get_inputs``) at other values,
     as the odd-shape set varies the constructor's: a kernel with ``s = 3.14`` written in is right
     at that value only. The Python ints and the floats equal to 0.0 at ``positions`` (those the
     reference was found to stay valid with, ``ReferenceBuilder._scalar_plan``) move too
     (``varied_int``, ``varied_zero``): a kernel with ``k = 3`` or a zero shift written in is
-    right at that value only."""
-    return [varied_input_scalar(v, factor) if i in positions
+    right at that value only; the ints ``step`` away from zero."""
+    return [varied_input_scalar(v, factor, step) if i in positions
             else varied_scalar(v, factor) if isinstance(v, float) else v
             for i, v in enumerate(values)]
 

@@ -23,7 +23,10 @@
 * A fresh CPU allocation often reads as zeros (new pages from the OS), so a kernel that leaves
   part of a ``torch.empty`` output unwritten can look right; on a GPU the caching allocator hands
   back old data. ``fill_fresh_memory_with_nan`` makes every ``torch.empty``/``empty_like``/
-  ``new_empty`` NaN (integers: their maximum), so an unwritten element never matches.
+  ``new_empty`` NaN (integers: their maximum), so an unwritten element never matches. Always NaN
+  was a constant a kernel could read (one element of a fresh ``torch.empty(1)``: exact only where
+  it is NaN), so ``FreshMemory`` refills fresh memory during the sets past the base with a value
+  drawn per set: zero in one, a drawn finite value in another, NaN or a drawn value in the rest.
 * Even shuffled, programs never overlap, so a read-modify-write of another program's output with
   a plain load and store (a lost update on a GPU, where programs run at the same time) still adds
   up. While ``shuffled`` is set, a plain load of an address that another program of the same
@@ -63,14 +66,17 @@ import numpy as np
 
 @dataclass
 class InterpreterRun:
-    """What the worker switches per input set: the program order and the autotune config."""
+    """What the worker switches per input set: the program order, the autotune config and what
+    fresh memory holds."""
 
     order: "ProgramOrder"
     autotune: "AutotuneRotation"
+    fresh: "FreshMemory"
 
     def start_set(self, index: int, shuffled: bool) -> None:
         self.order.shuffled = shuffled
         self.autotune.start_set(index)
+        self.fresh.start_set(index)
 
 
 def install() -> InterpreterRun:
@@ -83,7 +89,7 @@ def install() -> InterpreterRun:
     round_dot_operands_to_tf32()
     order = ProgramOrder()
     order.install()
-    return InterpreterRun(order, autotune)
+    return InterpreterRun(order, autotune, FreshMemory())
 
 
 # -- autotune ------------------------------------------------------------------------------------
@@ -376,6 +382,84 @@ def fill_fresh_memory_with_nan() -> None:
     # implementation working (a warning, not an error).
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+# The operators that hand out fresh memory (``resize_`` where it grows a tensor).
+_ALLOCATING_OPS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                             "empty_permuted", "resize_"})
+
+
+class FreshMemory:
+    """What fresh memory holds in each set: torch's NaN (``fill_fresh_memory_with_nan``) in the
+    sets the worker calls plain (``tiny``, ``base``), and, in the others, ``plan``'s fill: zero in
+    one, a finite value drawn from the OS in another (random sign, magnitude 10^-2 to 10^6;
+    integers 1 to 100), NaN or such a value in the rest, in an order drawn before the candidate
+    is imported. A kernel that reads a fresh element to tell the harness from a user's call meets
+    zeros (fresh pages), NaN and arbitrary values, and an unwritten output element still fails
+    wherever the fill is not the answer. ``during`` refills, below Python, every allocation made
+    by an ATen operator (``_ALLOCATING_OPS``) inside the block: the whole storage, or a grown
+    tensor's new tail."""
+
+    def __init__(self):
+        self.fills: dict[int, Optional[float]] = {}
+        self.current: Optional[float] = None
+
+    def plan(self, varied: list[bool]) -> None:
+        """``varied[i]``: whether set ``i`` gets a fill of its own."""
+        rng = secrets.SystemRandom()
+        indices = [i for i, on in enumerate(varied) if on]
+        rng.shuffle(indices)
+        kinds = ["zero", "value"] + [rng.choice(("nan", "value")) for _ in indices[2:]]
+        for index, kind in zip(indices, kinds):
+            self.fills[index] = (0.0 if kind == "zero" else math.nan if kind == "nan"
+                                 else rng.choice((-1.0, 1.0)) * 10.0 ** rng.uniform(-2.0, 6.0))
+
+    def start_set(self, index: int) -> None:
+        self.current = self.fills.get(index)
+
+    def during(self):
+        """A context in which fresh memory holds the set's fill (torch's NaN where it has none)."""
+        import contextlib
+
+        if self.current is None or self.current != self.current:
+            return contextlib.nullcontext()
+        return _fill_mode(self.current)
+
+
+def _fill_value(dtype, value: float):
+    """``value`` in ``dtype`` (within its range), or None for a dtype left as torch fills it."""
+    import torch
+
+    if dtype.is_floating_point:
+        top = torch.finfo(dtype).max
+        return max(-top, min(top, value))
+    if dtype == torch.bool or dtype.is_complex:
+        return None
+    return 0 if value == 0.0 else 1 + int(abs(value)) % 100
+
+
+def _fill_mode(value: float):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Fill(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            grown_from = None
+            if name == "resize_":
+                grown_from = args[0].untyped_storage().nbytes()
+            out = func(*args, **(kwargs or {}))
+            if name in _ALLOCATING_OPS and isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                fill = _fill_value(out.dtype, value)
+                storage = out.untyped_storage()
+                start = (grown_from or 0) // out.element_size()
+                count = storage.nbytes() // out.element_size()
+                if fill is not None and count > start:
+                    flat = torch.empty(0, dtype=out.dtype).set_(storage, 0, (count,))
+                    flat[start:].fill_(fill)
+            return out
+
+    return _Fill()
 
 
 # -- masks -----------------------------------------------------------------------------------------

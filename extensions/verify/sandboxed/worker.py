@@ -28,6 +28,7 @@ checked against the snapshot taken before the candidate was imported (``integrit
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -185,11 +186,13 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     """Run forward on one input set under the audit. What it returned, the inputs after the call
     and the model's weights are read afterwards only through plain aliases of torch's own tensor
     types (``plain_output``, ``module_tensors``): a method the candidate gave a tensor or a module
-    never runs outside the audited call."""
+    never runs outside the audited call. The call is made in the set's context (``judged_context``:
+    eval mode, grad on), as the reference's was."""
     import torch
 
     from extensions.timing.tensors import ForeignTensorType, plain_output
 
+    from ..common.judged_context import judged_context
     from ..common.model_tensors import module_tensors
     from ..common.tensor_io import TensorIOError, pack, save_tensors
 
@@ -207,8 +210,11 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     elif autotune is not None:  # CUDA: this set's autotune configs
         autotune.start_set(index)
     repeat = None
+    context = set_spec.get("context")
     try:
-        with torch.no_grad(), audit.forward() as report:
+        fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
+        # The mode switch runs inside the audited call: a module's property it reaches is audited.
+        with audit.forward() as report, judged_context(model, context), fresh:
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
@@ -343,14 +349,14 @@ def _snapshot(device: str):
 
     from extensions.timing import tensors as output_tensors
 
-    from ..common import compare, model_tensors, param_noise, precision, tensor_io
+    from ..common import compare, judged_context, model_tensors, param_noise, precision, tensor_io
     from ..static import policy, triton_api, value_api
     from . import audit, handed_files, integrity, interpreter_compat
     from .integrity import CodeSnapshot
 
-    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, model_tensors,
-               param_noise, policy, precision, tensor_io, output_tensors, triton_api, value_api, json_module,
-               json.encoder]
+    modules = [sys.modules[__name__], audit, compare, handed_files, integrity, interpreter_compat, judged_context,
+               model_tensors, param_noise, policy, precision, tensor_io, output_tensors, triton_api, value_api,
+               json_module, json.encoder]
     for prefix in _COVERED_PACKAGES:
         modules += [module for name, module in sorted(sys.modules.items())
                     if name.startswith(prefix) and module is not None]
@@ -395,6 +401,7 @@ def serve(control, clock=None) -> None:
     if device == "cpu":
         torch.set_num_threads(1)
         interpreter = interpreter_compat.install()
+        interpreter.fresh.plan([bool(s.get("shuffle_programs")) for s in job["sets"]])
     else:
         autotune = interpreter_compat.rotate_autotune_on_cuda()
     limit_memory(int(job.get("memory_limit_mb", 0)), device)
