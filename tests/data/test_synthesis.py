@@ -110,9 +110,13 @@ def _recorded_options(out, **overrides) -> SynthesisOptions:
 
 
 def test_captures_stream_into_the_verifier_and_every_program_is_accounted_for(tmp_path, monkeypatch):
+    """...and capture waits for the verifier rather than running ahead of it (verification is the
+    bottleneck on a GPU machine; captures made far ahead take the CPU it needs): with room for one
+    row, each capture waits for the previous verdict."""
     monkeypatch.setenv("KERNEL_RL_VERIFY_CACHE", str(tmp_path / "verdicts.jsonl"))  # judged here, not recalled
     out = tmp_path / "pairs.jsonl"
-    report = synthesize(_recorded_options(out))
+    report = synthesize(_recorded_options(out, capture_ahead=1, verify_workers=1))
+    assert report.most_unjudged == 1 and json.loads(report_path(out).read_text())["most_unjudged"] == 1
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     dropped = [json.loads(line) for line in dropped_path(out).read_text().splitlines()]
     captured = captured_path(out).read_text().splitlines()
@@ -121,20 +125,6 @@ def test_captures_stream_into_the_verifier_and_every_program_is_accounted_for(tm
     assert all(r["verified"]["device"] == "cpu" for r in kept)
     assert len(kept) + len(dropped) == report.programs == 3  # kept, or dropped with a reason
     assert not report.stopped_early
-
-
-def test_capture_waits_for_the_verifier_instead_of_running_ahead(tmp_path, monkeypatch):
-    """Verification is the bottleneck on a GPU machine: captures made far ahead of it take the
-    CPU it needs. With room for one row, each capture waits for the previous verdict, and every
-    program is still accounted for."""
-    monkeypatch.setenv("KERNEL_RL_VERIFY_CACHE", str(tmp_path / "verdicts.jsonl"))
-    out = tmp_path / "pairs.jsonl"
-    report = synthesize(_recorded_options(out, capture_ahead=1, verify_workers=1))
-    kept = out.read_text().splitlines()
-    dropped = dropped_path(out).read_text().splitlines() if dropped_path(out).is_file() else []
-    assert report.most_unjudged == 1
-    assert len(kept) + len(dropped) == report.programs == 3 and not report.stopped_early
-    assert json.loads(report_path(out).read_text())["most_unjudged"] == 1
 
 
 def test_a_deadline_leaves_captures_waiting_and_the_next_run_finishes_them(tmp_path, monkeypatch):
