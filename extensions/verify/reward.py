@@ -47,7 +47,7 @@ CHEATING_FLAGS = frozenset({
     "audit_tampered",         # the audit's hooks, its profiler record or the worker's code changed
     "timer_patched",          # the clocks or CUDA events the timer reads were replaced
     # from the timer (extensions.timing):
-    "output_reused",          # a timed call returned the storage of an earlier output
+    "output_reused",          # a call returned the storage of an earlier output still held
     "output_mismatch_during_timing",  # a timed call disagreed with the reference
     # work finished after the timed stream: the candidate hid work from the timer, and correctness
     # runs cannot show that the hidden work is not the answer's

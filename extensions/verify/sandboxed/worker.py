@@ -139,6 +139,9 @@ def build_model(model_cls, init: list, seed: int, device: str):
     return model
 
 
+HELD_OUTPUT_BYTES = 256 * 2**20  # earlier outputs held to tell a reused buffer from a fresh one
+
+
 class Models:
     """The candidate's models, one per constructor-argument set, each built (audited) when first
     needed."""
@@ -148,6 +151,24 @@ class Models:
         self.param_noise = param_noise
         self.pairing: dict[str, str] = {}  # per tied key of the first model: how it was paired
         self._built: dict[int, Any] = {}
+        # Earlier sets' outputs, held as a user holds results: their storage cannot be handed out
+        # again by the allocator, so a later output in the same storage is a buffer the module
+        # reuses, which overwrites what the caller still holds.
+        self._held: dict[int, list] = {}
+        self._held_bytes = 0
+
+    def reuses_output(self, index: int, output) -> bool:
+        """Whether ``output`` (a plain alias) lies in the storage of an earlier output of model
+        ``index``; then hold it too, while the held outputs stay under HELD_OUTPUT_BYTES."""
+        from extensions.timing.tensors import flatten_tensors
+
+        held = self._held.setdefault(index, [])
+        reused = bool(_storages(output) & _storages(held))
+        nbytes = sum(t.numel() * t.element_size() for t in flatten_tensors(output))
+        if self._held_bytes + nbytes <= HELD_OUTPUT_BYTES:
+            held.append(output)
+            self._held_bytes += nbytes
+        return reused
 
     def add_parameter_noise(self, model, index: int, reference: bool) -> None:
         """The noise the reference's constant-initialised parameters were given (param_noise.py),
@@ -248,6 +269,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     weight_storages = _storages(weights)
     if output_storages & weight_storages:
         flags.append("output_aliases_weight")
+    if models.reuses_output(int(set_spec.get("init", 0)), output):
+        flags.append("output_reused")
     out_tensors: dict[str, Any] = {}
     try:
         out_spec = pack(output, "out", out_tensors)
