@@ -160,11 +160,9 @@ class Models:
     def reuses_output(self, index: int, output) -> bool:
         """Whether ``output`` (a plain alias) lies in the storage of an earlier output of model
         ``index``; then hold it too, while the held outputs stay under HELD_OUTPUT_BYTES."""
-        from extensions.timing.tensors import flatten_tensors
-
         held = self._held.setdefault(index, [])
         reused = bool(_storages(output) & _storages(held))
-        nbytes = sum(t.numel() * t.element_size() for t in flatten_tensors(output))
+        nbytes = _nbytes(output)
         if self._held_bytes + nbytes <= HELD_OUTPUT_BYTES:
             held.append(output)
             self._held_bytes += nbytes
@@ -190,13 +188,18 @@ class Models:
         return model, list(report.flags)
 
 
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors in ``value`` (a plain alias, like ``_storages``'s)."""
+    from extensions.timing.tensors import flatten_tensors
+
+    return sum(t.numel() * t.element_size() for t in flatten_tensors(value))
+
+
 def _poison_allocator(output) -> None:
     """Fill freed CUDA memory with NaN so a second run that reads memory it never wrote sees it."""
     import torch
 
-    from extensions.timing.tensors import flatten_tensors
-
-    nbytes = sum(t.numel() * t.element_size() for t in flatten_tensors(output))
+    nbytes = _nbytes(output)
     if nbytes:
         torch.full((nbytes // 4 + 1,), float("nan"), device="cuda").sum()
         torch.cuda.synchronize()
