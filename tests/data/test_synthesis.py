@@ -172,3 +172,33 @@ def test_short_programs_are_one_or_two_operations_and_survive_screening(tmp_path
     # Single activations saturate near one per template and rank; short programs keep coming.
     assert len(kept(activations)) <= 0.4 * len(activations)
     assert len(kept(short)) >= 0.6 * len(short)
+
+
+def test_a_later_run_drops_near_copies_of_pairs_already_in_the_output(tmp_path, kernelbench_jsonl):
+    """A second run with another seed adds to the same file; it must not keep the first run's
+    programs again under new sizes or constants (the first run's screening index is gone)."""
+    from extensions.data.synthesis.build import SynthesisReport, _Appender, _kept_sources, screen_programs
+
+    options = SynthesisOptions(out=tmp_path / "pairs.jsonl", eval_tasks=[kernelbench_jsonl],
+                               decontaminate_by_computation=False)
+
+    def kept(programs, already=None):
+        report = SynthesisReport()
+        survivors = list(screen_programs(programs, options, report, _Appender(tmp_path / "dropped.jsonl"), already))
+        return survivors, report
+
+    first, _ = kept(draw_programs(60, seed=3, families=("short",)))
+    with open(options.out, "w", encoding="utf-8") as handle:
+        for program in first:
+            handle.write(json.dumps({"sha": program.digest, "python_code": program.source}) + "\n")
+    previous = _kept_sources(options.out)
+    assert set(previous) == {p.digest for p in first}
+
+    second = draw_programs(60, seed=4, families=("short",))
+    alone, _ = kept(second)
+    after, report = kept(second, previous)
+    assert {p.digest for p in after} < {p.digest for p in alone}
+    assert report.dropped.get("near_duplicate", 0) > 0
+    # The very programs of the first run are near-copies of themselves.
+    again, _ = kept(first[:5], previous)
+    assert again == []

@@ -193,13 +193,27 @@ def _init_worker() -> None:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
+def _kept_sources(out: Path) -> dict[str, str]:
+    """Program source by digest of every pair already in ``out``: a later run, with another seed,
+    must not keep near-copies of them."""
+    sources = {}
+    if out.is_file():
+        for _, row in read_jsonl(out, errors="strict"):
+            if row.get("sha") and isinstance(row.get("python_code"), str):
+                sources[row["sha"]] = row["python_code"]
+    return sources
+
+
 def screen_programs(programs: list[Program], options: SynthesisOptions, report: SynthesisReport,
-                    dropped: _Appender) -> Iterator[Program]:
+                    dropped: _Appender, already_kept: Optional[dict[str, str]] = None) -> Iterator[Program]:
     """Decontaminate and de-duplicate, in order, yielding each program kept as soon as it is judged
-    (the GPU starts on the first while the rest are screened); what is dropped is written and counted."""
+    (the GPU starts on the first while the rest are screened); what is dropped is written and counted.
+    ``already_kept`` (source by digest) are pairs of earlier runs: near-copies of them are dropped too."""
     eval_index = _eval_index(options.eval_tasks)
     by_computation = options.decontaminate_by_computation and len(eval_index) > 0
     kept_index = SimilarityIndex()
+    for digest, source in (already_kept or {}).items():
+        kept_index.add(digest, code_shingles(source))
     with SignatureTracer() as tracer:
         computations = ComputationIndex()
         if by_computation:
@@ -245,7 +259,8 @@ def synthesize(options: SynthesisOptions) -> SynthesisReport:
         _write_report(options.out, report, started, previous_runs)
 
     try:
-        screened = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out)
+        screened = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out,
+                                   _kept_sources(options.out))
         deadline = started + options.max_minutes * 60 if options.max_minutes > 0 else None
         outputs = _Outputs(kept_out, dropped_out, captured_out, write_report)
         _run(screened, [row for sha, row in waiting.items() if sha in by_digest], options, report, outputs, by_digest,
