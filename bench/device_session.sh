@@ -54,7 +54,8 @@ run_gpu_marked() {
 run_gpu_suites() {  # run_gpu_suites ISOLATION (auto: bubblewrap, or process): the adversarial and correct suites on CUDA
   local isolation=$1
   step "gpu_suites_$isolation" 540 env KERNEL_RL_TEST_DEVICE=cuda KERNEL_RL_TEST_ISOLATION="$isolation" KERNELBENCH_JSONL="$KERNELBENCH" \
-    "$PY" -m pytest -q tests/verify/test_kernelbench_solutions.py tests/verify/test_adversarial.py -p no:cacheprovider
+    "$PY" -m pytest -q tests/verify/test_kernelbench_solutions.py tests/verify/test_adversarial.py \
+    tests/verify/test_judged_context.py -p no:cacheprovider
 }
 
 run_gpu_tests() {

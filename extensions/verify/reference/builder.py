@@ -478,7 +478,9 @@ class ReferenceBuilder:
             import torch
 
             torch.cuda.synchronize()
-        return map_tensors(out, lambda t: t.detach())
+        # On the host, as every set's expected output is kept (``pack``): compared with one, it
+        # may replace it.
+        return map_tensors(out, lambda t: t.detach().cpu())
 
     def _add_value_set(self, variation: str, seed: int) -> None:
         """One value variation (never timed: speed is measured on the problem's own values), with
