@@ -238,7 +238,7 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     try:
         fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
         # The mode switch runs inside the audited call: a module's property it reaches is audited.
-        with audit.forward() as report, judged_context(model, context), fresh:
+        with audit.forward() as report, judged_context(model, context, inputs), fresh:
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
