@@ -177,7 +177,7 @@ def test_short_programs_are_one_or_two_operations_and_survive_screening(tmp_path
 def test_a_later_run_drops_near_copies_of_pairs_already_in_the_output(tmp_path, kernelbench_jsonl):
     """A second run with another seed adds to the same file; it must not keep the first run's
     programs again under new sizes or constants (the first run's screening index is gone)."""
-    from extensions.data.synthesis.build import SynthesisReport, _Appender, _kept_sources, screen_programs
+    from extensions.data.synthesis.build import SynthesisReport, _Appender, _kept_rows, _kept_sources, screen_programs
 
     options = SynthesisOptions(out=tmp_path / "pairs.jsonl", eval_tasks=[kernelbench_jsonl],
                                decontaminate_by_computation=False)
@@ -191,7 +191,7 @@ def test_a_later_run_drops_near_copies_of_pairs_already_in_the_output(tmp_path, 
     with open(options.out, "w", encoding="utf-8") as handle:
         for program in first:
             handle.write(json.dumps({"sha": program.digest, "python_code": program.source}) + "\n")
-    previous = _kept_sources(options.out)
+    previous = _kept_sources(_kept_rows(options.out))
     assert set(previous) == {p.digest for p in first}
 
     second = draw_programs(60, seed=4, families=("short",))

@@ -123,16 +123,15 @@ def user_programs(paths: Iterable[Path]) -> list[Program]:
     return programs
 
 
-def _done_digests(out: Path) -> set[str]:
-    done = set()
-    for path in (out, dropped_path(out)):
-        if path.is_file():
-            # A line cut by a dying machine is skipped: its program runs again.
-            for _, row in read_jsonl(path, errors="strict"):
-                digest = row.get("sha") or row.get("digest")
-                if digest:
-                    done.add(digest)
-    return done
+def _kept_rows(out: Path) -> list[dict]:
+    """The pairs already in ``out`` (a line cut by a dying machine is skipped: its program runs again)."""
+    return [row for _, row in read_jsonl(out, errors="strict")] if out.is_file() else []
+
+
+def _done_digests(out: Path, kept: list[dict]) -> set[str]:
+    """Programs judged by earlier runs: the pairs ``kept`` in ``out`` and those dropped beside it."""
+    dropped = [row for _, row in read_jsonl(dropped_path(out), errors="strict")] if dropped_path(out).is_file() else []
+    return {digest for row in kept + dropped if (digest := row.get("sha") or row.get("digest"))}
 
 
 def _eval_rows(paths: Iterable[Path]) -> dict[str, str]:
@@ -193,15 +192,11 @@ def _init_worker() -> None:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
-def _kept_sources(out: Path) -> dict[str, str]:
-    """Program source by digest of every pair already in ``out``: a later run, with another seed,
-    must not keep near-copies of them."""
-    sources = {}
-    if out.is_file():
-        for _, row in read_jsonl(out, errors="strict"):
-            if row.get("sha") and isinstance(row.get("python_code"), str):
-                sources[row["sha"]] = row["python_code"]
-    return sources
+def _kept_sources(kept: list[dict]) -> dict[str, str]:
+    """Program source by digest of the pairs ``kept`` by earlier runs: a later run, with another
+    seed, must not keep near-copies of them."""
+    return {row["sha"]: row["python_code"] for row in kept
+            if row.get("sha") and isinstance(row.get("python_code"), str)}
 
 
 def screen_programs(programs: list[Program], options: SynthesisOptions, report: SynthesisReport,
@@ -246,7 +241,8 @@ def synthesize(options: SynthesisOptions) -> SynthesisReport:
     report = SynthesisReport()
     programs = draw_programs(options.count, options.seed, options.families) + user_programs(options.module_files)
     report.programs = len(programs)
-    done = _done_digests(options.out)
+    kept_before = _kept_rows(options.out)
+    done = _done_digests(options.out, kept_before)
     todo = [p for p in programs if p.digest not in done]
     report.already_done = len(programs) - len(todo)
     previous_runs = _previous_runs(options.out)
@@ -260,7 +256,7 @@ def synthesize(options: SynthesisOptions) -> SynthesisReport:
 
     try:
         screened = screen_programs([p for p in todo if p.digest not in waiting], options, report, dropped_out,
-                                   _kept_sources(options.out))
+                                   _kept_sources(kept_before))
         deadline = started + options.max_minutes * 60 if options.max_minutes > 0 else None
         outputs = _Outputs(kept_out, dropped_out, captured_out, write_report)
         _run(screened, [row for sha, row in waiting.items() if sha in by_digest], options, report, outputs, by_digest,
