@@ -178,7 +178,13 @@ class VerifierSession:
         self._runs = 0  # candidates handed to a worker slot so far
         self._submitted = 0
         self._first: dict[tuple[str, str], Future] = {}  # identical source for one problem: judged once
-        self._problems: dict[str, Future] = {}
+        # A problem's reference is built when it comes within the read-ahead (or a worker slot wants
+        # it): its inputs and outputs stay in memory until its last candidate is judged, so a batch of
+        # thousands of problems must not build them all at once.
+        self._problems: dict[str, Optional[Future]] = {}  # None: not started
+        self._unstarted: dict[str, str] = {}  # problem -> its code, in the order they came
+        self._read_ahead = max(2 * self.pool.size, _preparing_threads(self.device, self.pool))
+        self._held = 0  # problems whose reference is being built or kept
         self._waiting: dict[str, int] = {}  # a problem's candidates not yet judged
         self._closed = False
         self._stopping = False  # close(stop=True): verdicts still arriving are not verdicts
@@ -215,7 +221,9 @@ class VerifierSession:
                     problem = item.key[0]
                     self._waiting[problem] = self._waiting.get(problem, 0) + 1
                     if problem not in self._problems:
-                        self._problems[problem] = self._preparing.submit(self._prepare, request.problem_code)
+                        self._problems[problem] = None
+                        self._unstarted[problem] = request.problem_code
+            self._start_references()
             if runs:
                 self._runs += len(runs)
                 self._start_launcher()
@@ -260,6 +268,31 @@ class VerifierSession:
             timing = self.device == "cuda" and self.config.enable_calibrated_timing
             threading.Thread(target=stage_handover, args=(problem, timing), daemon=True).start()
         return problem
+
+    def _start_references(self) -> None:
+        """Start building references, in the order their problems came, up to the read-ahead
+        (under ``_lock``)."""
+        while self._unstarted and self._held < self._read_ahead:
+            self._start_reference(next(iter(self._unstarted)))
+
+    def _start_reference(self, problem: str) -> None:
+        self._problems[problem] = self._preparing.submit(self._prepare, self._unstarted.pop(problem))
+        self._held += 1
+
+    def _reference(self, problem: str):
+        """The problem's reference data; a worker slot that reaches a problem beyond the read-ahead
+        starts it (so no slot waits on a read-ahead held by problems queued behind it)."""
+        with self._lock:
+            if self._problems[problem] is None:
+                self._start_reference(problem)
+            prepared = self._problems[problem]
+        return prepared.result()
+
+    @property
+    def references_held(self) -> int:
+        """Problems whose reference data is being built or kept in memory now."""
+        with self._lock:
+            return self._held
 
     def _start_launcher(self) -> None:
         """Fork servers start with the first candidate that needs one (under ``_lock``), so their
@@ -310,7 +343,7 @@ class VerifierSession:
         from .parent.judge import judge_candidate
 
         try:
-            result = judge_candidate(item.code, self._problems[item.key[0]].result(), self.config, self.device,
+            result = judge_candidate(item.code, self._reference(item.key[0]), self.config, self.device,
                                      self.pool, launcher.isolation, self.work_root, item.label, launcher=launcher)
         except Exception as exc:  # noqa: BLE001 - one candidate never ends the session
             from .parent.redact import category_error
@@ -332,6 +365,11 @@ class VerifierSession:
                 return
             del self._waiting[problem]
             prepared = self._problems.pop(problem, None)
+            self._unstarted.pop(problem, None)
+            if prepared is not None:
+                self._held -= 1
+                if not self._closed:
+                    self._start_references()
         if prepared is not None and prepared.done() and prepared.exception() is None:
             directory = getattr(prepared.result(), "directory", None)
             if directory:

@@ -95,6 +95,23 @@ def test_reference_data_is_dropped_after_a_problems_last_candidate():
     assert not again.correct and again.stage != "none"
 
 
+def test_a_batch_of_many_problems_builds_references_only_a_few_ahead_of_the_workers():
+    # A data stage verifies thousands of pairs, each a problem of its own: references built for all
+    # of them at once, each holding its inputs and outputs in memory, filled a GPU host's memory.
+    problems = [PROBLEM.replace("dim = 64", f"dim = {40 + i}") for i in range(12)]
+    held = []
+    with pytest.raises(KeyboardInterrupt):  # stopped after a few verdicts: the rest is not needed
+        with VerifierSession(_config(workers=1), device="cpu") as session:
+            futures = session.submit_many([VerifyRequest(p, RELU, str(i)) for i, p in enumerate(problems)])
+            for future in futures[:3]:
+                assert future.result(timeout=300).correct
+                held.append(session.references_held)
+                held.append(len([d for d in os.listdir(session.work_root) if d.startswith("problem-")]))
+            raise KeyboardInterrupt
+    read_ahead = 2  # twice the worker slots
+    assert max(held) <= read_ahead + 1, held  # + the one a worker slot is judging
+
+
 def test_a_stopped_session_cancels_what_waits_and_leaves_nothing_behind():
     with adopting_orphans():  # a worker whose fork server died is still counted
         _stop_a_session_mid_way()
