@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import flatten_tensors, plain_output
+from extensions.timing.tensors import flatten_tensors, held_elsewhere, plain_output
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -197,6 +197,11 @@ class _LiveInputs:
 
         return {torch._C.TensorBase.data_ptr(x) for x in self.args if isinstance(x, torch.Tensor)}
 
+    def storages(self) -> set[int]:
+        import torch
+
+        return {torch.Tensor.untyped_storage(x).data_ptr() for x in self.args if isinstance(x, torch.Tensor)}
+
 
 class _RunnerBase:
     def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison):
@@ -237,13 +242,15 @@ class _RunnerBase:
         with torch.no_grad():
             return self.models[role](*self.inputs.args)
 
-    def _keep_output(self, role: str, output: Any) -> bool:
-        """Stores the output; returns whether a candidate returned a still-held earlier storage.
+    def _keep_output(self, role: str, handed: list) -> bool:
+        """Stores the output, which the caller hands over as the one item of ``handed`` and no
+        longer holds (a reference of the caller's would count as one the model keeps); returns
+        whether a candidate returned a storage it or the timer still holds.
 
         The output is first replaced by plain aliases of torch's own tensor types (``plain_output``;
         another type raises): its reuse check, fingerprint and comparison then call nothing the
         model's code defined, and no such code runs after the timed region."""
-        output = plain_output(output)
+        output = plain_output(handed.pop())
         reused = False
         if role == CANDIDATE:
             earlier = {t.data_ptr() for t in flatten_tensors(self._previous[CANDIDATE])}
@@ -251,6 +258,10 @@ class _RunnerBase:
             earlier -= self.inputs.data_pointers()  # a view of its input is not a cached result
             earlier.discard(0)
             reused = any(t.data_ptr() in earlier for t in flatten_tensors(output))
+            # Only the last two outputs are held here, so a ring of three buffers, or views of one
+            # arena at moving offsets, would pass that test: a storage the model still holds is a
+            # buffer it returns again.
+            reused = reused or bool(held_elsewhere(output, self.inputs.storages()))
         self._previous[role] = self._last.get(role)
         self._last[role] = output
         self._prints[role] = fingerprint(output)  # after the timed region: costs no measured time
@@ -265,9 +276,9 @@ class HostTrialRunner(_RunnerBase):
 
     def time_call(self, role: str) -> CallTiming:
         started = _perf_counter()
-        output = self._forward(role)
+        handed = [self._forward(role)]
         wall_ms = (_perf_counter() - started) * 1000.0
-        reused = self._keep_output(role, output)
+        reused = self._keep_output(role, handed)
         return CallTiming(stream_ms=wall_ms, device_ms=wall_ms, wall_ms=wall_ms, output_reused=reused,
                           hidden_ms=0.0)
 
@@ -340,7 +351,7 @@ class CudaTrialRunner(_RunnerBase):
             events["gate"].record(stream)
             torch.cuda._sleep(cycles)
         events["start"].record(stream)
-        output = self._forward(role)
+        handed = [self._forward(role)]
         events["end_stream"].record(stream)
         # Still waiting at the gate once everything is queued: no host launch time is in the region.
         held = gated and not events["start"].query()
@@ -357,7 +368,7 @@ class CudaTrialRunner(_RunnerBase):
         torch.cuda.synchronize(self.device)
         events["control_settled"].record(stream)
         events["control_settled"].synchronize()
-        reused = self._keep_output(role, output)
+        reused = self._keep_output(role, handed)
         gate_ms = events["gate"].elapsed_time(events["start"]) if gated else 0.0
         if gated:
             self.gate.update(role, cycles, gate_ms, enqueue_ms, held)

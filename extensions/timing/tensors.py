@@ -66,3 +66,66 @@ def plain_output(value: Any, what: str = "output") -> Any:
     if isinstance(value, tuple):
         return tuple(plain_output(v, what) for v in tuple.__iter__(value))
     return value
+
+
+def _lone_counts(aliases: int) -> tuple[int, int]:
+    """(storage use count, Python references of its storage object) of a storage that nothing but
+    ``aliases`` plain aliases holds, as ``held_elsewhere`` reads them: measured here rather than
+    assumed, since torch's preservation of storage objects has changed these numbers between
+    versions."""
+    import sys
+
+    import torch
+
+    base = torch.empty(1)
+    group = [torch._C.TensorBase.detach(base) for _ in range(aliases)]
+    del base
+    storage = torch.Tensor.untyped_storage(group[0])
+    return torch._C._storage_Use_Count(storage._cdata), sys.getrefcount(storage)
+
+
+def _held(groups: dict) -> set[int]:
+    import sys
+
+    import torch
+
+    held = set()
+    for address, group in groups.items():
+        uses, references = _lone_counts(len(group))
+        storage = torch.Tensor.untyped_storage(next(iter(group.values())))
+        if torch._C._storage_Use_Count(storage._cdata) > uses or sys.getrefcount(storage) > references:
+            held.add(address)
+    return held
+
+
+def held_elsewhere(value: Any, exclude: frozenset | set = frozenset()) -> set[int]:
+    """Storage addresses of the tensors in ``value`` (plain aliases only: nothing of the model's is
+    called) that something besides those aliases still holds once forward has returned: a tensor
+    or a view the model keeps (in itself, a module-level table, a closure, a default argument), or
+    the storage object itself. Such an output is a buffer the model can write again, so a caller's
+    result changes under a later call; a ring of buffers longer than the calls a check makes is
+    seen at its first call. Storages in ``exclude`` (the inputs', the weights': flagged on their
+    own) are skipped."""
+    import gc
+
+    import torch
+
+    groups: dict[int, dict[int, Any]] = {}
+    for tensor in flatten_tensors(value):
+        if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
+            address = torch.Tensor.untyped_storage(tensor).data_ptr()
+            if address not in exclude:
+                groups.setdefault(address, {})[id(tensor)] = tensor
+    held = _held(groups)
+    if held:
+        # Garbage is not a holder: Triton's interpreter leaves every launch's arguments in a
+        # reference cycle (a recursive closure over its table of storages) until the collector
+        # runs, and honest code can make cycles too. Nothing collected runs a candidate's code:
+        # its classes may define no finaliser. The young generations first (about a millisecond;
+        # a full collection takes a tenth of a second where torch is loaded).
+        for generation in (1, 2):
+            gc.collect(generation)
+            held = _held({address: groups[address] for address in held})
+            if not held:
+                break
+    return held

@@ -5,7 +5,8 @@ Every set once ran with the module in training mode and grad off, so a kernel ex
 user's eval-mode or training call. Some sets now run in eval mode and/or with grad on, the
 reference in the same context; where eval mode changes the reference's output (BatchNorm) the
 set keeps training mode, since a kernel that ignores the mode is right for the problem as
-KernelBench calls it. The suite files ``wrong/rt_exact_only_*`` and
+KernelBench calls it; with grad on the inputs require grad too, as an inner layer's do in a
+training call. The suite files ``wrong/rt_exact_only_*`` and
 ``wrong/rt_bias_only_when_its_clone_needs_no_grad.py`` are the end-to-end cases. Fresh CPU
 memory, always NaN, was another such constant (``wrong/rt_exact_only_where_fresh_memory_reads_nan.py``).
 """
@@ -114,6 +115,18 @@ def test_the_context_is_set_as_a_users_call_sets_it_and_put_back():
         assert [m.training for m in model.modules()] == before
     assert seen == [(True, True, True, False), (False, False, False, False), (True, True, True, True),
                     (False, False, False, True)]
+
+
+def test_inputs_require_grad_where_grad_is_on_and_not_after():
+    """With grad on and inputs that never required it, a kernel keyed on ``x.requires_grad`` was
+    judged in a training call no user makes (``wrong/rt_exact_only_when_input_needs_no_grad.py``)."""
+    x, index = torch.ones(3), torch.arange(3)
+    for context, expected in ((None, False), ({"eval": True, "grad": False}, False),
+                              ({"eval": False, "grad": True}, True), ({"eval": True, "grad": True}, True)):
+        with judged_context(_Net(), context, [x, index]):
+            assert x.requires_grad is expected and not index.requires_grad
+        assert not x.requires_grad
+        x.copy_(torch.zeros(3))  # the harness's refill for the next set
 
 
 def test_fresh_memory_holds_a_fill_drawn_per_set_past_the_base():

@@ -384,3 +384,42 @@ def test_a_cpu_verdict_below_the_problems_own_size_says_reduced_size():
     # elements passes there): the verdict still holds at reduced size only.
     short = verdict(shrunk=True, sets_run=["base", "large"], problem_numel=1_600_000_000)
     assert short.flags == ["reduced_size"] and "1600000000" in short.details["reduced_size"]
+
+
+def test_an_output_the_model_still_holds_is_told_from_garbage():
+    """A buffer kept as a tensor, a view or its storage object is held; one left only in a
+    reference cycle (as Triton's interpreter leaves every launch's arguments) is not."""
+    import gc
+
+    import torch
+
+    from extensions.timing.tensors import held_elsewhere, plain_output
+
+    kept = []
+
+    def forward(keep):
+        out = torch.empty(3, 4)
+        if keep == "tensor":
+            kept.append(out)
+        elif keep == "view":
+            kept.append(out.view(-1)[2:])
+        elif keep == "storage":
+            kept.append(out.untyped_storage())
+        elif keep == "cycle":
+            box = [out]
+            box.append(box)
+        return (out.view(4, 3), out[0]) if keep == "two views" else out.t()
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for keep in ("tensor", "view", "storage", "cycle", "two views", "nothing"):
+            kept.clear()
+            output = plain_output(forward(keep))
+            assert bool(held_elsewhere(output)) == (keep in ("tensor", "view", "storage")), keep
+        mine = torch.empty(4)
+        kept.append(mine)
+        assert not held_elsewhere(plain_output(mine), {mine.untyped_storage().data_ptr()})
+    finally:
+        if enabled:
+            gc.enable()

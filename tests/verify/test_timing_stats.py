@@ -663,6 +663,23 @@ class AddressMemo(torch.nn.Module):
         return self.cache[x.data_ptr()]
 
 
+class BufferRing(torch.nn.Module):
+    """Writes each answer into the next of five buffers it keeps: right values, and a caller's
+    result is overwritten five calls later, past the two outputs the timer holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.ring = [None] * 5
+        self.calls = 0
+
+    def forward(self, x):
+        slot = self.calls % len(self.ring)
+        self.calls += 1
+        if self.ring[slot] is None or self.ring[slot].shape != x.shape:
+            self.ring[slot] = torch.empty_like(x)
+        return torch.mul(x, 2.0, out=self.ring[slot])
+
+
 class HeavyScale(torch.nn.Module):
     def forward(self, x):
         for _ in range(20):
@@ -694,6 +711,11 @@ def test_host_runner_catches_an_address_memoiser():
     report = measure_speedup(Scale(), AddressMemo(), _input_sets(), _cpu_config(), compare_outputs=compare_outputs)
     assert "output_mismatch_during_timing" in report.flags and report.speedup is None
     assert "output_reused" in report.flags  # it hands back the same stored tensor every call
+
+
+def test_host_runner_catches_a_ring_of_buffers_longer_than_it_holds():
+    report = measure_speedup(Scale(), BufferRing(), _input_sets(), _cpu_config(), compare_outputs=compare_outputs)
+    assert "output_reused" in report.flags and report.speedup is None
 
 
 def test_outputs_close_checks_structure_dtype_and_values():

@@ -57,21 +57,44 @@ def _set_training(flags: list[tuple[Any, Any]]) -> None:
 
 
 @contextlib.contextmanager
-def judged_context(model: Any, context: dict | None) -> Iterator[None]:
+def _inputs_need_grad(inputs: list) -> Iterator[None]:
+    """The floating-point tensors of ``inputs`` (the harness's own) require grad inside the block,
+    as a layer's inputs do in a user's training call (an earlier layer's activations): with grad
+    on and inputs that never required it, a kernel keyed on ``x.requires_grad`` was accepted and
+    wrong in exactly that call. The flag is cleared after it, so the harness's refill of the
+    inputs for the next set is no in-place write into a leaf that requires grad."""
+    import torch
+
+    marked = []
+    for tensor in inputs:
+        if type(tensor) is torch.Tensor and tensor.is_floating_point() and not tensor.requires_grad:
+            torch.Tensor.requires_grad_(tensor, True)
+            marked.append(tensor)
+    try:
+        yield
+    finally:
+        for tensor in marked:
+            torch.Tensor.requires_grad_(tensor, False)
+
+
+@contextlib.contextmanager
+def judged_context(model: Any, context: dict | None, inputs: list | None = None) -> Iterator[None]:
     """Call ``model`` in ``context`` (``{"eval": bool, "grad": bool}``; None: training mode as
-    constructed, grad off) inside the block; the modules' flags are put back after it."""
+    constructed, grad off) inside the block; the modules' flags are put back after it. With grad
+    on, the floating-point tensors of ``inputs`` require grad in the block."""
     import torch
 
     context = context or {}
     grad = torch.enable_grad() if context.get("grad") else torch.no_grad()
+    needs_grad = _inputs_need_grad(inputs or []) if context.get("grad") else contextlib.nullcontext()
     if not context.get("eval"):
-        with grad:
+        with grad, needs_grad:
             yield
         return
     flags = training_flags(model)
     torch.nn.Module.train(model, False)
     try:
-        with grad:
+        with grad, needs_grad:
             yield
     finally:
         _set_training(flags)

@@ -214,7 +214,7 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     eval mode, grad on), as the reference's was."""
     import torch
 
-    from extensions.timing.tensors import ForeignTensorType, plain_output
+    from extensions.timing.tensors import ForeignTensorType, held_elsewhere, plain_output
 
     from ..common.judged_context import judged_context
     from ..common.model_tensors import module_tensors
@@ -238,7 +238,7 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     try:
         fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
         # The mode switch runs inside the audited call: a module's property it reaches is audited.
-        with audit.forward() as report, judged_context(model, context), fresh:
+        with audit.forward() as report, judged_context(model, context, inputs), fresh:
             output = model(*inputs)
         if device != "cpu":
             torch.cuda.synchronize()
@@ -272,7 +272,11 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     weight_storages = _storages(weights)
     if output_storages & weight_storages:
         flags.append("output_aliases_weight")
-    if models.reuses_output(int(set_spec.get("init", 0)), output):
+    # Held by the model after the call (checked before the harness holds it too): a buffer it
+    # returns again later, however many calls away, which earlier sets' outputs alone see only
+    # when it comes back within the calls a check makes.
+    kept = held_elsewhere(output, input_storages | weight_storages)
+    if models.reuses_output(int(set_spec.get("init", 0)), output) or kept:
         flags.append("output_reused")
     out_tensors: dict[str, Any] = {}
     try:
