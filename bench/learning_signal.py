@@ -605,8 +605,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"comma-separated subset of {','.join(PHASES)} (rl_eval_<n>: round n only)")
     parser.add_argument("--model", help="model.name_or_path (default: the config's)")
     parser.add_argument("--sft-pairs",
-                        help="SFT pairs: 'bundled', or a KernelBook-format JSONL (default: the config's, the "
-                             "synthesizer's bench/results/synthesized_pairs_h100.jsonl.gz); every pair is "
+                        help="SFT pairs: 'bundled', or KernelBook-format JSONL files, comma-joined (default: "
+                             "the config's, the synthesizer's two files in bench/results/); every pair is "
                              "verified by the data stage and decontaminated against the held-out split")
     parser.add_argument("--heldout-tasks", type=int, default=48, help="held-out problems, half from each level")
     parser.add_argument("--rl-tasks", type=int, default=24)
