@@ -13,6 +13,7 @@ back fresh aliases (same storage, no attributes) made by an unbound call of torc
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -68,11 +69,12 @@ def plain_output(value: Any, what: str = "output") -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=None)
 def _lone_counts(aliases: int) -> tuple[int, int]:
     """(storage use count, Python references of its storage object) of a storage that nothing but
     ``aliases`` plain aliases holds, as ``held_elsewhere`` reads them: measured here rather than
     assumed, since torch's preservation of storage objects has changed these numbers between
-    versions."""
+    versions. Once per alias count and process: they depend on the torch build alone."""
     import sys
 
     import torch
