@@ -132,6 +132,19 @@ SCALAR_READS = {
     "str_of_element": "s = str(y[0])\n        return y",
     "fstring_of_element": "s = f'{y[0]}'\n        return y",
     "round_of_element": "k = round(y[0])\n        return y",
+    "str_format_method": "s = float('{:.9e}'.format(y[0]))\n        return y",
+    "str_format_keyword": "s = '{v}'.format(v=y[0])\n        return y",
+    "str_format_map": "s = '{v}'.format_map({'v': y[0]})\n        return y",
+    "percent_format": "texts = ['%.9e' % v for v in y[:4]]\n        return y",
+    "percent_format_tuple": "s = '%e %e' % (y[0], y[1])\n        return y",
+    "map_float": "s = sum(map(float, y[:4]))\n        return y",
+    "map_str": "s = list(map(str, y[:4]))\n        return y",
+    "conversion_stored": "conv = float\n        s = conv(y[0])\n        return y",
+    "sorted_key_float": "s = sorted(range(4), key=float)\n        return y",
+    "max_of_elements": "m = max(y[:4])\n        return y",
+    "sorted_elements": "m = sorted(y[:4])\n        return y",
+    "any_of_elements": "return y if any(y[:4]) else x",
+    "filter_of_elements": "kept = list(filter(None, y[:4]))\n        return y",
 }
 READ_HELPERS = """
     def total(self, partial):
@@ -178,10 +191,20 @@ HONEST = {
     "print_of_size": "print(f'{x.shape} {int(x.numel())}')\n        return y",
     "integer_attribute_widened": "launch_copy(x, self.codes)\n        return self.codes.long()",
     "scalar_attributes": "a = float(self.scale) * int(self.count)\n        return y",
+    "type_tests_and_dtypes": "ok = isinstance(self.scale, (int, float)) and issubclass(bool, int)\n"
+                             "        z = x.to(float)\n        w = torch.empty(2, dtype=float)\n"
+                             "        return launch_copy(y, torch.empty_like(y))",
+    "annotated_locals": "n: int = int(x.numel())\n        f: 'float' = 1.0\n        return self.annotated(y)",
+    "format_of_sizes": "tag = '{}x{}'.format(x.shape[0], int(x.numel()))\n"
+                       "        note = '%d rows' % x.shape[0]\n        return y",
+    "max_of_sizes": "block = max(16, min(1024, x.numel()))\n        dims = sorted(x.shape)\n"
+                    "        ok = all(d > 0 for d in x.shape)\n        return y",
     "dtype_names": "masks = torch.empty(x.shape, dtype=torch.bool)\n        ids = torch.zeros(4, dtype=torch.long)\n"
                    "        on_gpu = x.device.type == 'cuda'\n        return y",
 }
 HONEST_HELPERS = """
+    def annotated(self, t: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return t
     def indices(self, t):
         out = torch.empty(t.shape, dtype=torch.int32, device=t.device)
         launch_copy(t, out)

@@ -6,8 +6,10 @@ Python without naming an operator:
   of a rounding or masking task, and it runs as ``_to_copy``/``copy_``, operators forward needs for
   honest copies, so the runtime audit cannot tell it from one (``host_cast_compute``);
 * a Python scalar conversion of tensor data (``float(partial[0])``, ``if flag_tensor:``,
-  ``math.fsum(partial)``): the value leaves torch and the arithmetic on it is Python's; a few of
-  them stay under the runtime audit's host-extraction limit (``host_extraction``).
+  ``math.fsum(partial)``, ``max(partial)``, ``"{:e}".format(partial[0])``, ``"%e" % v``, and a
+  conversion builtin handed on as a value, ``map(float, partial)``): the value leaves torch and the
+  arithmetic on it is Python's; a few of them stay under the runtime audit's host-extraction limit
+  (``host_extraction``).
 
 Which names hold tensors is decided per function from what the module itself shows: the inputs of
 ``forward``, locals built by torch calls or tensor methods, parameters and buffers, and what other
@@ -54,6 +56,14 @@ TORCH_NON_TENSOR_RESULTS = frozenset({
 # run ``is_nonzero``; str/repr/format print the values).
 SCALAR_CONVERSIONS = frozenset({"float", "int", "bool", "complex", "str", "repr", "format", "round",
                                 "divmod", "ord", "chr"})
+# Builtins that take the truth value of, or compare, the elements they are given: on tensor data
+# each step is a read to the host, and their result is decided by the values in Python.
+ELEMENT_JUDGES = frozenset({"any", "all", "max", "min", "sorted", "filter"})
+# str methods that print the values they are given.
+FORMAT_METHODS = frozenset({"format", "format_map"})
+# Calls where a conversion builtin named as a value is a dtype or a type test, not a conversion.
+_TYPE_TAKING_METHODS = frozenset({"to", "type", "view", "new_empty", "new_zeros", "new_ones", "new_full",
+                                  "new_tensor"})
 # Builtins that hand out a container of the tensor's elements (0-d tensors, still tensor data).
 ELEMENT_CONTAINERS = frozenset({"list", "tuple", "iter", "reversed", "sorted", "enumerate", "zip"})
 # Tensor methods that cast to an integer or bool dtype.
@@ -447,6 +457,18 @@ class HostValueRules:
                     and any(reads(a) for a in node.args):
                 found.append(("host_extraction", line,
                               f"{source(func)}(...) of tensor data computes in Python in forward path"))
+            elif isinstance(func, ast.Name) and func.id in ELEMENT_JUDGES \
+                    and func.id not in self.index.bound_names \
+                    and any(reads(a) and not (isinstance(a, ast.Name) and a.id in inputs) for a in node.args):
+                # An input as it is may be a Python number the problem passes (``min(k, 4)``):
+                # judged at run time by the audit, like the casts of inputs.
+                found.append(("host_extraction", line,
+                              f"{func.id}(...) of tensor data judges its values in Python in forward path"))
+            elif isinstance(func, ast.Attribute) and func.attr in FORMAT_METHODS and not self.index.resolve(func) \
+                    and any(reads(v) for a in list(node.args) + [k.value for k in node.keywords]
+                            for v in self._elements(a)):
+                found.append(("host_extraction", line,
+                              f".{func.attr}(...) prints tensor data into a string in forward path"))
             cast = self._integer_cast(node, integers, inputs, reads)
             if cast:
                 found.append(("host_cast_compute", line, f"{cast} in forward path"))
@@ -471,6 +493,14 @@ class HostValueRules:
                           f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
         elif isinstance(node, ast.FormattedValue) and reads(node.value):
             found.append(("host_extraction", line, "tensor data formatted into a string in forward path"))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and self._is_text(node.left) \
+                and any(reads(v) for v in self._elements(node.right)):
+            found.append(("host_extraction", line, "tensor data %-formatted into a string in forward path"))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in SCALAR_CONVERSIONS \
+                and node.id not in self.index.bound_names and not self._called(node) \
+                and not self._names_a_type(node):
+            found.append(("host_extraction", line,
+                          f"{node.id} taken as a value (a conversion called out of sight) in forward path"))
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -485,6 +515,51 @@ class HostValueRules:
     def _called(self, node: ast.AST) -> bool:
         parent = self.index.parents.get(node)
         return isinstance(parent, ast.Call) and parent.func is node
+
+    @staticmethod
+    def _is_text(node: ast.AST) -> bool:
+        """A string literal, an f-string, or a sum of them: the left side of %-formatting."""
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return HostValueRules._is_text(node.left) or HostValueRules._is_text(node.right)
+        return isinstance(node, ast.JoinedStr)
+
+    @staticmethod
+    def _elements(node: ast.AST) -> list[ast.AST]:
+        """``node``, or the items of a tuple, list, set or dict display (keys and values)."""
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [v for e in node.elts for v in HostValueRules._elements(e)]
+        if isinstance(node, ast.Dict):
+            return [v for e in list(node.keys) + list(node.values) if e is not None
+                    for v in HostValueRules._elements(e)]
+        if isinstance(node, ast.Starred):
+            return HostValueRules._elements(node.value)
+        return [node]
+
+    def _names_a_type(self, node: ast.Name) -> bool:
+        """Whether a conversion builtin named as a value stands for a type, not a conversion: an
+        annotation, a type test (``isinstance(v, (int, float))``) or a dtype (``x.to(float)``,
+        ``dtype=float``, an argument of a torch call)."""
+        child, parent = node, self.index.parents.get(node)
+        while isinstance(parent, (ast.Tuple, ast.Subscript, ast.BinOp, ast.Attribute)):
+            child, parent = parent, self.index.parents.get(parent)
+        if isinstance(parent, ast.arg) or (isinstance(parent, ast.AnnAssign) and parent.annotation is child):
+            return True
+        if isinstance(parent, _FUNCTIONS) and parent.returns is child:
+            return True
+        if isinstance(parent, ast.keyword):
+            keyword, parent = parent, self.index.parents.get(parent)
+            if keyword.arg == "dtype":
+                return True
+        if not isinstance(parent, ast.Call) or parent.func is child:
+            return False
+        func = parent.func
+        if isinstance(func, ast.Name) and func.id in ("isinstance", "issubclass"):
+            return True
+        if any(q.split(".")[0] == "torch" for q in self.index.resolve(func)):
+            return True
+        return isinstance(func, ast.Attribute) and func.attr in _TYPE_TAKING_METHODS
 
     def _integer_cast(self, call: ast.Call, integers: set[str], inputs: set[str], reads) -> Optional[str]:
         """What makes ``call`` a cast of tensor data to an integer or bool dtype, or None."""
