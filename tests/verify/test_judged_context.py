@@ -76,7 +76,7 @@ def test_every_context_is_judged_on_some_set_and_never_on_tiny_base_or_wide(veri
     for _ in range(3):  # the sets that get them are drawn per batch
         contexts, builder = _contexts(ELEMENTWISE, verify_device)
         assert not any("judged context" in str(note) for note in builder.skipped), builder.skipped
-        seen = {(c["eval"], c["grad"]) for c in contexts if c}
+        seen = {(c["eval"], c["grad"], c["inference"]) for c in contexts if c}
         assert seen == set(CONTEXTS), contexts
         for entry in builder.sets:
             if entry["kind"] in ("tiny", "base", "wide"):
@@ -98,7 +98,8 @@ class _Net(torch.nn.Module):
         self.b[1].eval()  # a module its constructor left in eval mode stays so after the call
 
     def forward(self, x):
-        seen.append((self.training, self.a.training, self.b.training, torch.is_grad_enabled()))
+        seen.append((self.training, self.a.training, self.b.training, torch.is_grad_enabled(),
+                     torch.is_inference_mode_enabled()))
         return x
 
 
@@ -109,12 +110,15 @@ def test_the_context_is_set_as_a_users_call_sets_it_and_put_back():
     model = _Net()
     before = [m.training for m in model.modules()]
     seen.clear()
-    for context in (None, {"eval": True, "grad": False}, {"eval": False, "grad": True}, {"eval": True, "grad": True}):
+    for context in (None, {"eval": True, "grad": False}, {"eval": False, "grad": True}, {"eval": True, "grad": True},
+                    {"eval": True, "grad": False, "inference": True}):
         with judged_context(model, context):
-            model(torch.ones(1))
+            out = model(torch.ones(1))
         assert [m.training for m in model.modules()] == before
-    assert seen == [(True, True, True, False), (False, False, False, False), (True, True, True, True),
-                    (False, False, False, True)]
+    assert seen == [(True, True, True, False, False), (False, False, False, False, False),
+                    (True, True, True, True, False), (False, False, False, True, False),
+                    (False, False, False, False, True)]
+    assert out.is_inference()  # made in a user's inference_mode call, as the candidate sees it
 
 
 def test_inputs_require_grad_where_grad_is_on_and_not_after():

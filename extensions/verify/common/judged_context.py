@@ -1,4 +1,5 @@
-"""The calling context of an input set: the module's mode (``training``) and grad mode.
+"""The calling context of an input set: the module's mode (``training``), grad mode and
+inference mode.
 
 A harness that always calls forward in one context (training mode, grad off) judges a constant a
 candidate can read: ``self.training``, or ``requires_grad`` of a clone of one of its parameters
@@ -10,23 +11,35 @@ The mode is set as a user's ``model.eval()`` sets it, through ``nn.Module.train`
 torch's own method, which a candidate may not redefine), so whatever a candidate's module reads
 to tell its mode reads what it would read in a user's call. The flags as constructed are read from
 each module's instance dictionary (no method of the candidate's runs) and put back after the call.
+A user's inference call is as often made under ``torch.inference_mode()`` as under ``no_grad``,
+and a tensor made there says so (``is_inference()``): a kernel exact except there was accepted,
+so inference mode is a context of its own.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator
 
-# (eval mode, grad mode on) of the sets run outside the harness's own context (training mode, grad
-# off): a user's inference call, a user's training call, and the pair a kernel keyed on both
-# flags at once would otherwise be judged in alone.
-CONTEXTS = ((True, False), (False, True), (True, True))
+# (eval mode, grad mode on, inference mode) of the sets run outside the harness's own context
+# (training mode, grad off): a user's inference call under no_grad and under inference_mode, a
+# user's training call, and the pair a kernel keyed on both module and grad flags at once would
+# otherwise be judged in alone.
+CONTEXTS = ((True, False, False), (True, False, True), (False, True, False), (True, True, False))
+OWN_CONTEXT = (False, False, False)
+
+
+def as_dict(context: tuple) -> dict:
+    eval_mode, grad, inference = context
+    return {"eval": eval_mode, "grad": grad, "inference": inference}
 
 
 def describe(context: dict | None) -> str:
-    """``eval, grad on`` for a set's context; '' for the harness's own."""
+    """``eval mode, grad on`` for a set's context; '' for the harness's own."""
     if not context:
         return ""
-    return ", ".join(part for part, on in (("eval mode", context.get("eval")), ("grad on", context.get("grad"))) if on)
+    parts = (("eval mode", context.get("eval")), ("grad on", context.get("grad")),
+             ("inference mode", context.get("inference")))
+    return ", ".join(part for part, on in parts if on)
 
 
 def training_flags(model: Any) -> list[tuple[Any, Any]]:
@@ -79,13 +92,16 @@ def _inputs_need_grad(inputs: list) -> Iterator[None]:
 
 @contextlib.contextmanager
 def judged_context(model: Any, context: dict | None, inputs: list | None = None) -> Iterator[None]:
-    """Call ``model`` in ``context`` (``{"eval": bool, "grad": bool}``; None: training mode as
-    constructed, grad off) inside the block; the modules' flags are put back after it. With grad
-    on, the floating-point tensors of ``inputs`` require grad in the block."""
+    """Call ``model`` in ``context`` (``{"eval": bool, "grad": bool, "inference": bool}``; None:
+    training mode as constructed, grad off) inside the block; the modules' flags are put back after
+    it. With grad on, the floating-point tensors of ``inputs`` require grad in the block."""
     import torch
 
     context = context or {}
-    grad = torch.enable_grad() if context.get("grad") else torch.no_grad()
+    if context.get("inference"):
+        grad = torch.inference_mode()
+    else:
+        grad = torch.enable_grad() if context.get("grad") else torch.no_grad()
     needs_grad = _inputs_need_grad(inputs or []) if context.get("grad") else contextlib.nullcontext()
     if not context.get("eval"):
         with grad, needs_grad:

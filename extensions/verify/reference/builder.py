@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from extensions.timing.tensors import flatten_tensors
 
-from ..common.judged_context import CONTEXTS, describe, judged_context
+from ..common.judged_context import CONTEXTS, OWN_CONTEXT, as_dict, describe, judged_context
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
@@ -424,13 +424,13 @@ class ReferenceBuilder:
         rng.shuffle(eligible)
         contexts = list(CONTEXTS)
         rng.shuffle(contexts)
-        contexts += [rng.choice(CONTEXTS + ((False, False),)) for _ in eligible[len(contexts):]]
-        for index, (eval_mode, grad) in zip(eligible, contexts):
-            if eval_mode or grad:
-                self._judge_in_context(index, eval_mode, grad)
+        contexts += [rng.choice(CONTEXTS + (OWN_CONTEXT,)) for _ in eligible[len(contexts):]]
+        for index, context in zip(eligible, contexts):
+            if context != OWN_CONTEXT:
+                self._judge_in_context(index, *context)
 
-    def _judge_in_context(self, index: int, eval_mode: bool, grad: bool) -> None:
-        """Set ``index`` called in eval mode and/or with grad on, where the reference in that
+    def _judge_in_context(self, index: int, eval_mode: bool, grad: bool, inference: bool = False) -> None:
+        """Set ``index`` called in eval mode, with grad on and/or in inference mode, where the reference in that
         context (its model called once more: one with state that changes per call does not
         match, and the set keeps the harness's own context) matches its own output within
         ``EXACTNESS_MARGIN`` of the set's tolerances; its expected output is then the
@@ -447,9 +447,11 @@ class ReferenceBuilder:
         slack = unpack(entry["slack"], self.expected) if "slack" in entry else None
         ambiguous = unpack(entry["ambiguous"], self.expected) if "ambiguous" in entry else None
         margin = map_tensors(slack, lambda t: t * EXACTNESS_MARGIN) if slack is not None else None
-        tries = [(eval_mode, grad)] + ([(False, True)] if eval_mode else [])
-        for eval_now, grad_now in tries:
-            context = {"eval": eval_now, "grad": grad_now}
+        # Where eval mode changes the output, the set keeps the rest of its context in training
+        # mode (grad on when there is nothing else left to judge).
+        tries = [(eval_mode, grad, inference)] + ([(False, grad or not inference, inference)] if eval_mode else [])
+        for attempt in tries:
+            context = as_dict(attempt)
             try:
                 out = self._context_run(int(entry["init"]), inputs, context)
             except Exception as exc:  # noqa: BLE001 - the set keeps the harness's own context

@@ -51,6 +51,10 @@ ALLOWED_ATEN_OPS = frozenset({
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size", "stride", "numel", "dim",
     "is_contiguous", "storage_offset", "record_stream",
     "promote_types",  # torch.promote_types: dtypes in, a dtype out
+    # What .tolist() and printing dispatch under torch.inference_mode(): they return their input
+    # unless it carries a conjugate or negative bit, which only a refused op (conj, a private
+    # _neg_view) sets.
+    "resolve_conj", "resolve_neg",
 })
 
 # Library GEMM / convolution entry points: rejected by default, allowed and reported under policy.
