@@ -2,7 +2,8 @@
 
 Every set once ran with the module in training mode and grad off, so a kernel exact only there
 (``self.training`` true, or a parameter's clone not requiring grad) was accepted and wrong in a
-user's eval-mode or training call. Some sets now run in eval mode and/or with grad on, the
+user's eval-mode or training call. Some sets now run in eval mode, with grad on and/or under
+inference mode, the
 reference in the same context; where eval mode changes the reference's output (BatchNorm) the
 set keeps training mode, since a kernel that ignores the mode is right for the problem as
 KernelBench calls it; with grad on the inputs require grad too, as an inner layer's do in a
