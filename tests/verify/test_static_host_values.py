@@ -137,6 +137,7 @@ SCALAR_READS = {
     "str_format_map": "s = '{v}'.format_map({'v': y[0]})\n        return y",
     "percent_format": "texts = ['%.9e' % v for v in y[:4]]\n        return y",
     "percent_format_tuple": "s = '%e %e' % (y[0], y[1])\n        return y",
+    "percent_format_named": "fmt = '%.9e'\n        s = fmt % y[1]\n        return y",
     "map_float": "s = sum(map(float, y[:4]))\n        return y",
     "map_str": "s = list(map(str, y[:4]))\n        return y",
     "conversion_stored": "conv = float\n        s = conv(y[0])\n        return y",

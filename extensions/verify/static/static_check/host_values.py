@@ -493,8 +493,10 @@ class HostValueRules:
                           f"{source(node)} taken as a value (a cast called out of sight) in forward path"))
         elif isinstance(node, ast.FormattedValue) and reads(node.value):
             found.append(("host_extraction", line, "tensor data formatted into a string in forward path"))
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and self._is_text(node.left) \
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and not reads(node.left) \
                 and any(reads(v) for v in self._elements(node.right)):
+            # Whatever the left side is named (a literal, ``fmt``, ``self.pattern``), a value that
+            # is no tensor taken % tensor data is a format string or a number made a tensor op.
             found.append(("host_extraction", line, "tensor data %-formatted into a string in forward path"))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in SCALAR_CONVERSIONS \
                 and node.id not in self.index.bound_names and not self._called(node) \
@@ -515,15 +517,6 @@ class HostValueRules:
     def _called(self, node: ast.AST) -> bool:
         parent = self.index.parents.get(node)
         return isinstance(parent, ast.Call) and parent.func is node
-
-    @staticmethod
-    def _is_text(node: ast.AST) -> bool:
-        """A string literal, an f-string, or a sum of them: the left side of %-formatting."""
-        if isinstance(node, ast.Constant):
-            return isinstance(node.value, str)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return HostValueRules._is_text(node.left) or HostValueRules._is_text(node.right)
-        return isinstance(node, ast.JoinedStr)
 
     @staticmethod
     def _elements(node: ast.AST) -> list[ast.AST]:
