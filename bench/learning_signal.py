@@ -9,7 +9,9 @@ held-out one or computing what one computes is dropped, and the data stage drops
 Then the project's own stages on it:
 
     data       the data stage alone (split, pair verification, decontamination); needs no model, and
-               every other phase runs it first (a no-op once done)
+               every other phase runs it first where it has not finished; once built, the run's
+               data stays as built (a later verifier change re-judges nothing) until this phase
+               is asked for again
     base       evaluate the base model on the held-out tasks
     sft        LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
                pairs, verified and decontaminated against the held-out tasks)
@@ -266,6 +268,21 @@ def prepare_data(cfg, split: dict) -> dict[str, int]:
         for row in split["rl_rows"] + synthesized:
             out.write(json.dumps(row) + "\n")
     return {"kernelbench": len(split["rl_rows"]), "synthesized": len(synthesized)}
+
+
+def built_data(cfg) -> Optional[str]:
+    """Which verifier judged the run's prepared data (its digest, and whether it is today's), or
+    None where the data stage has not finished."""
+    from extensions.data.pair_verification import verifier_digest
+    from extensions.runtime.paths import RunPaths
+
+    report = RunPaths.from_config(cfg).processed / "prepare_report.json"
+    if not report.is_file():
+        return None
+    digest = (json.loads(report.read_text()).get("fingerprint") or {}).get("verifier")
+    if digest is None:
+        return "pairs not verified"
+    return f"verifier {digest[:12]}" + ("" if digest == verifier_digest() else f", today's {verifier_digest()[:12]}")
 
 
 def measured_budgets(cfg, work: Path) -> dict[str, int]:
@@ -671,8 +688,11 @@ def main(argv=None) -> int:
     clock = PhaseClock(work / "phase_seconds.json")
     started = time.time()
     counts_file = work / "rl_task_counts.json"
-    if phases == ["report"] and counts_file.is_file():
-        rl_tasks = json.loads(counts_file.read_text())  # the report reads results only: no data stage
+    if "data" not in phases and counts_file.is_file() and built_data(cfg) is not None:
+        # The run's data as it was built: a later verifier change does not re-judge its pairs
+        # (minutes of GPU per change) unless the data phase is asked for.
+        rl_tasks = json.loads(counts_file.read_text())
+        print(f"[data] the run's data as built ({built_data(cfg)}); --phases data builds it again")
     else:
         rl_tasks = prepare_data(cfg, split)
         counts_file.write_text(json.dumps(rl_tasks))
