@@ -103,6 +103,19 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
     assert "same_computation_as_eval_problem" in decontamination["sft_pairs"]["counts"]
     assert "| decontamination |" in (out / "learning_signal.md").read_text()
 
+    # A later phase keeps the run's data as built, even when the verifier has changed since: its
+    # pairs are not judged again (minutes of GPU) unless the data phase is asked for.
+    report_file = next((tmp_path / "work" / "run").rglob("prepare_report.json"))
+    report = json.loads(report_file.read_text())
+    report["fingerprint"]["verifier"] = "0" * 64
+    report_file.write_text(json.dumps(report))
+    again = subprocess.run([sys.executable, "bench/learning_signal.py", "--quick", "--kernelbench", str(kernelbench_jsonl),
+                            "--work", str(tmp_path / "work"), "--out", str(out), "--phases", "sft_eval,report"],
+                           cwd=project_root, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "the run's data as built (verifier 000000000000, today's " in again.stdout
+    assert json.loads(report_file.read_text())["fingerprint"]["verifier"] == "0" * 64
+
 
 def test_failure_breakdown_tells_raising_from_wrong_answers(learning_signal):
     """The stage alone hides why an answer fails: a name it never binds, raising in the wrapper and
