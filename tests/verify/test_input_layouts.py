@@ -4,8 +4,9 @@ A problem whose ``get_inputs`` returns a transposed view hands its own forward c
 The verifier used to hand the candidate a contiguous copy instead: a kernel that ignores strides
 was judged correct there (and is wrong on the problem as posed), and a kernel written for the
 problem's layout was rejected. The suites hold the judged cases
-(``tests/fixtures/problems/column_major_affine.py`` and its candidates); these tests hold the
-pieces: the transport, the sandbox's placement, and the varied sets."""
+(``tests/fixtures/problems/column_major_affine.py``, ``sliced_affine.py``, ``expanded_affine.py``
+and their candidates); these tests hold the pieces: the transport, the sandbox's placement, the
+varied sets and the reuse of a previous set's tensors."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,13 @@ import torch
 
 from extensions.verify.common.tensor_io import TensorIOError, memory_order, pack, unpack
 from extensions.verify.reference.variations import in_drawn_layouts
-from extensions.verify.sandboxed.handed_files import spaced_apart
+from extensions.verify.sandboxed.handed_files import into_previous_tensors, spaced_apart
+
+
+def _reach(tensor: torch.Tensor) -> torch.Tensor:
+    """The stretch of storage ``tensor`` reaches, from its storage's start."""
+    last = tensor.storage_offset() + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+    return torch.as_strided(tensor, (last + 1,), (1,), 0)
 
 
 def test_permuted_layouts_cross_the_boundary_as_they_are():
@@ -51,3 +58,91 @@ def test_varied_sets_keep_the_drawn_layout():
     laid = in_drawn_layouts(drawn, varied)
     assert laid[0].stride() == drawn[0].stride() and torch.equal(laid[0], varied[0])
     assert laid[1] is varied[1] and laid[2] == 3
+
+
+def test_slices_and_expanded_views_of_a_problem_cross_as_they_are():
+    """A problem's inputs keep strides, storage offset and the memory between their elements: a
+    kernel reading the column slice ``h[:, 1:]`` as dense reads the dropped column, as it would on
+    the problem's own inputs, not a compact copy where that reading happens to be right."""
+    sliced = torch.randn(6, 9)[:, 1:]
+    expanded = torch.randn(5).expand(4, 5)
+    stepped = torch.randn(20)[3::2]
+    tensors: dict = {}
+    spec = pack([sliced, expanded, stepped, torch.randn(2, 3)], "in", tensors, layouts=True)
+    assert all(t.is_contiguous() and t.dim() == 1 for k, t in tensors.items() if not k.endswith(".3"))
+    back = unpack(spec, tensors)
+    for original, received in zip((sliced, expanded, stepped), back):
+        assert received.stride() == original.stride() and received.storage_offset() == original.storage_offset()
+        assert torch.equal(received, original) and torch.equal(_reach(received), _reach(original))
+    assert back[3].is_contiguous()
+    # Without ``layouts`` (a candidate's outputs) a slice crosses as a compact copy.
+    assert unpack(pack(sliced, "out", {}), {"out": sliced.contiguous()}).is_contiguous()
+
+
+@pytest.mark.parametrize("payload", [
+    ["in", [3, 4], [5, 1], 0],         # reaches element 13 of 12 stored
+    ["in", [3, 4], [4, 1], 1],         # the offset pushes it past the end
+    ["in", [3, 4], [4], 0],            # a stride missing
+    ["in", [3, 4], [4, -1], 0],
+    ["in", [3, 0], [4, 1], 0],
+    ["in", [3.0, 4], [4, 1], 0],
+    ["missing", [3, 4], [4, 1], 0],
+    ["in", [3, 4], [4, 1]],
+])
+def test_a_malformed_strided_spec_is_refused(payload):
+    with pytest.raises(TensorIOError):
+        unpack({"strided": payload}, {"in": torch.randn(12)})
+
+
+def test_the_sandbox_places_slices_and_expanded_views_in_their_layout():
+    sliced = torch.randn(6, 9)[:, 1:]
+    expanded = torch.randn(5).expand(4, 5)
+    tensors: dict = {}
+    handed = unpack(pack([sliced, expanded], "in", tensors, layouts=True), tensors)
+    placed = spaced_apart(handed, "cpu")
+    for original, received in zip((sliced, expanded), placed):
+        assert received.stride() == original.stride() and received.storage_offset() == original.storage_offset()
+        assert torch.equal(received, original) and torch.equal(_reach(received), _reach(original))
+    assert placed[0].untyped_storage().data_ptr() != handed[0].untyped_storage().data_ptr()
+
+
+def test_varied_sets_keep_a_slice_and_leave_an_expanded_view_as_built():
+    drawn = [torch.randn(6, 9)[:, 1:], torch.randn(5).expand(4, 5)]
+    varied = [drawn[0] * 3, drawn[1] * torch.rand(4, 5)]  # the second differs along the broadcast
+    laid = in_drawn_layouts(drawn, varied)
+    assert laid[0].stride() == drawn[0].stride() and laid[0].storage_offset() == 1
+    assert torch.equal(laid[0], varied[0])
+    assert laid[1] is varied[1]
+
+
+def test_an_expanded_input_is_handed_anew_rather_than_written_into():
+    """The next set reuses the previous set's tensor objects where the layouts match; an expanded
+    view cannot be written element by element, so that set gets its own tensors."""
+    previous = spaced_apart([torch.randn(5).expand(4, 5), torch.randn(6, 9)[:, 1:]], "cpu")
+    again = spaced_apart([torch.randn(5).expand(4, 5), torch.randn(6, 9)[:, 1:]], "cpu")
+    assert into_previous_tensors(previous, again) is again
+    sliced_before, sliced_now = [previous[1]], [again[1]]
+    kept = into_previous_tensors(sliced_before, sliced_now)
+    assert kept is sliced_before and torch.equal(kept[0], again[1])
+
+
+def test_varied_sets_keep_the_symmetry_and_triangles_drawn():
+    """Problems posed on symmetric or triangular matrices are functions on those matrices: a value
+    transform applied element by element must not hand a kernel that relies on it (reads A as A^T,
+    skips the zero blocks) a matrix the problem never does."""
+    from extensions.verify.reference.variations import in_drawn_structure
+
+    base = torch.rand(6, 6)
+    symmetric = (base + base.T) / 2
+    upper, lower = torch.triu(torch.rand(5, 5)), torch.tril(torch.rand(2, 5, 5))
+    diagonal, dense, row = torch.diag(torch.rand(4)), torch.rand(4, 4), torch.rand(1, 7)
+    drawn = [symmetric, upper, lower, diagonal, dense, row, 3]
+    # An affine map of each element keeps symmetry (though not zeros); one that treats elements apart
+    # (outliers at drawn places, shifted lines) does not.
+    varied = [x * 2 - 1 + torch.rand_like(x) if isinstance(x, torch.Tensor) else x for x in drawn]
+    kept = in_drawn_structure(drawn, varied)
+    assert torch.equal(kept[0], kept[0].T) and torch.equal(torch.triu(kept[0]), torch.triu(varied[0]))
+    assert torch.equal(kept[1], torch.triu(varied[1])) and torch.equal(kept[2], torch.tril(varied[2]))
+    assert torch.equal(kept[3], torch.diag(torch.diagonal(varied[3])))
+    assert kept[4] is varied[4] and kept[5] is varied[5] and kept[6] == 3
+    assert not torch.equal(varied[0], varied[0].T)  # what the transform alone would have handed over

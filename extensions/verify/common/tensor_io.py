@@ -17,7 +17,8 @@ class TensorIOError(ValueError):
     """A value that cannot cross the boundary, or a malformed spec/file."""
 
 
-def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True) -> dict[str, Any]:
+def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True,
+         layouts: bool = False) -> dict[str, Any]:
     """``value``'s spec; its tensors go into ``tensors`` as contiguous host tensors, copies of the
     originals (``copy=False``: a tensor already contiguous on the host is taken as it is, for data
     that is serialized at once and never changed).
@@ -25,20 +26,33 @@ def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True) ->
     A tensor laid out as a permutation of a contiguous one (a transposed view, channels-last) keeps
     its layout: it is stored in its own memory order and ``unpack`` permutes it back. A problem whose
     inputs are column-major hands the candidate column-major inputs, as its own forward gets them:
-    a kernel that ignores strides is wrong there, and one written for that layout is right."""
+    a kernel that ignores strides is wrong there, and one written for that layout is right.
+
+    With ``layouts`` (a problem's inputs), every other strided layout keeps its strides and
+    storage offset too (a column slice ``h[:, 1:]``, a broadcast ``expand``): the stretch of
+    storage the view reaches is stored, the values between its elements included, and ``unpack``
+    views it as it was. A kernel that reads such an input as dense reads the problem's other
+    memory, as it would on the problem's own inputs. Candidates' outputs cross without it: a view
+    reaching far through a large storage would make the file that large."""
     import torch
 
     if isinstance(value, torch.Tensor):
         key = f"{prefix}"
         if key in tensors:
             raise TensorIOError(f"duplicate tensor key {key}")
+        layout = strided_layout(value) if layouts else None
+        if layout is not None:
+            shape, stride, offset, span = layout
+            reach = torch.as_strided(value.detach(), (span,), (1,), 0)
+            tensors[key] = host_copy(reach) if copy else _on_host(reach)
+            return {"strided": [key, shape, stride, offset]}
         order = memory_order(value)
         stored = value if order is None else value.permute(order)
         tensors[key] = host_copy(stored) if copy else _on_host(stored)
         return {"tensor": key} if order is None else {"permuted": [key, order]}
     if isinstance(value, (list, tuple)):
         kind = "tuple" if isinstance(value, tuple) else "list"
-        return {kind: [pack(v, f"{prefix}.{i}", tensors, copy) for i, v in enumerate(value)]}
+        return {kind: [pack(v, f"{prefix}.{i}", tensors, copy, layouts) for i, v in enumerate(value)]}
     if isinstance(value, JSON_SCALARS):
         return {"value": value}
     if isinstance(value, torch.dtype):
@@ -59,6 +73,36 @@ def memory_order(tensor: Any) -> list[int] | None:
     if order == list(range(tensor.dim())) or not tensor.permute(order).is_contiguous():
         return None
     return order
+
+
+def strided_layout(tensor: Any) -> tuple[list[int], list[int], int, int] | None:
+    """``(shape, strides, storage offset, span)`` of a tensor laid out neither contiguously nor as
+    a permutation of a contiguous one (a slice with gaps, an expanded or overlapping view), where
+    ``span`` is how many elements of its storage it reaches from the storage's start; None for
+    the other layouts and for an empty tensor."""
+    import torch
+
+    if tensor.layout != torch.strided or tensor.numel() == 0 or tensor.is_contiguous() \
+            or memory_order(tensor) is not None:
+        return None
+    strides = list(torch._C.TensorBase.stride(tensor))
+    if any(s < 0 for s in strides):
+        return None
+    offset = torch._C.TensorBase.storage_offset(tensor)
+    span = offset + 1 + sum((n - 1) * s for n, s in zip(tensor.shape, strides))
+    return list(tensor.shape), strides, offset, span
+
+
+def overlaps_itself(shape: list[int], strides: list[int]) -> bool:
+    """Whether two elements of a view of ``shape`` and ``strides`` may share a memory location
+    (an expanded dimension, or strides too small for the sizes inside them): such a view cannot
+    be written element by element."""
+    reach = 0
+    for size, stride in sorted(((n, s) for n, s in zip(shape, strides) if n > 1), key=lambda d: d[1]):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
 
 
 def _on_host(tensor: Any) -> Any:
@@ -109,6 +153,20 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any
         inverse = sorted(range(len(order)), key=order.__getitem__)
         tensor = tensors[key].permute(inverse)
         return tensor.to(device) if device else tensor
+    if kind == "strided":
+        if (not isinstance(payload, list) or len(payload) != 4 or not isinstance(payload[0], str)
+                or payload[0] not in tensors or not isinstance(payload[1], list) or not isinstance(payload[2], list)
+                or len(payload[1]) != len(payload[2])
+                or not all(type(v) is int and v >= 0 for v in [*payload[1], *payload[2], payload[3]])):
+            raise TensorIOError("malformed strided tensor spec")
+        key, shape, stride, offset = payload
+        reach = tensors[key]
+        if reach.dim() != 1 or 0 in shape \
+                or offset + sum((n - 1) * s for n, s in zip(shape, stride)) >= reach.numel():
+            raise TensorIOError("strided tensor spec reaches past its stored elements")
+        # A storage of its own, starting where the stored stretch starts, as the problem's did.
+        own = reach.to(device, copy=True) if device else reach.clone()
+        return own.as_strided(shape, stride, offset)
     if kind in ("list", "tuple"):
         if not isinstance(payload, list):
             raise TensorIOError(f"malformed {kind} spec")

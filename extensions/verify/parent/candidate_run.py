@@ -403,7 +403,7 @@ def _input_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list,
 def _build_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list, str, list]:
     tensors: dict[str, Any] = {}
     # Views of the parent's own copy: no second copy first.
-    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors, copy=False)
+    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors, copy=False, layouts=True)
               for i, spec in enumerate(values_specs)]
     parts = tensor_parts(tensors)
     digest = hashlib.sha256()

@@ -23,9 +23,10 @@ from ..common.tensor_io import map_tensors, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, integer_operand, integer_transform,
-                         is_plain_int, transform_integers, transform_tensors, value_transforms, varied_input_scalar,
-                         with_negative_lines, with_offset, with_outliers, with_scalars_varied, with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, in_drawn_structure, integer_operand,
+                         integer_transform, is_plain_int, transform_integers, transform_tensors, value_transforms,
+                         varied_input_scalar, with_negative_lines, with_offset, with_outliers, with_scalars_varied,
+                         with_zeros)
 
 # How far the value sets after ``signed`` move a Python int (``_scalar_plan``), one drawn per batch.
 FAR_INT_STEPS = (2, 3)
@@ -306,7 +307,7 @@ class ReferenceBuilder:
             init_index = self.init_index(module)
             inputs = drawn = self.draw_inputs(module, seed)
             if transform is not None:
-                inputs = in_drawn_layouts(drawn, transform(inputs))
+                inputs = in_drawn_layouts(drawn, in_drawn_structure(drawn, transform(inputs)))
             with torch.no_grad():
                 out = self.models[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
             if self.device != "cpu":
@@ -347,7 +348,7 @@ class ReferenceBuilder:
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
             "numel": numel_of(inputs),
-            "inputs": pack(inputs, f"s{index}.in", self.tensors),
+            "inputs": pack(inputs, f"s{index}.in", self.tensors, layouts=True),
             "expected": pack(out, f"s{index}.out", self.expected),
         })
         if slack is not None:

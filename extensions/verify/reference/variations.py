@@ -140,22 +140,65 @@ def in_drawn_layouts(drawn: list, varied: list) -> list:
     """``varied`` with each tensor laid out in memory as the one drawn at its place: a transform
     builds new tensors (a ``where``, a reshape), and a problem whose own inputs are column-major
     would otherwise see row-major inputs on its varied sets only, where a kernel written for one
-    layout is judged on another."""
+    layout is judged on another. A slice keeps its strides and offset, with the drawn values
+    between its elements; an expanded (overlapping) view cannot hold values that differ along its
+    broadcast dimension, so there the varied tensor stays as the transform built it."""
     import torch
 
-    from ..common.tensor_io import memory_order
+    from ..common.tensor_io import memory_order, overlaps_itself, strided_layout
 
     if len(drawn) != len(varied):
         return varied
     laid = []
     for before, after in zip(drawn, varied):
         if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.shape == before.shape
-                and memory_order(before) is not None and after.stride() != before.stride()):
-            copy = torch.empty_like(before, dtype=after.dtype)  # preserve_format: ``before``'s strides
-            copy.copy_(after)
-            after = copy
+                and after.stride() != before.stride()):
+            layout = strided_layout(before)
+            if memory_order(before) is not None:
+                copy = torch.empty_like(before, dtype=after.dtype)  # preserve_format: ``before``'s strides
+                copy.copy_(after)
+                after = copy
+            elif layout is not None and not overlaps_itself(layout[0], layout[1]):
+                shape, stride, offset, span = layout
+                reach = torch.as_strided(before.detach(), (span,), (1,), 0).to(after.dtype, copy=True)
+                copy = reach.as_strided(shape, stride, offset)
+                copy.copy_(after)
+                after = copy
         laid.append(after)
     return laid
+
+
+def in_drawn_structure(drawn: list, varied: list) -> list:
+    """``varied`` with the structure each drawn tensor holds exactly put back: symmetric in its
+    last two dimensions (``A == A.mT``), upper or lower triangular. A problem posed on symmetric or
+    triangular matrices (KernelBench's ``13_Matmul_for_symmetric_matrices``,
+    ``14_Matmul_for_upper_triangular_matrices``) is a function on those matrices only: a kernel
+    that reads A as its transpose, or skips the blocks that are zero, is right on every input the
+    problem has, and a value transform applied element by element (``±(x*a - b)``, a shift, an
+    offset) would hand it a matrix the problem never does. The transformed values are kept on and
+    above the diagonal and mirrored, or the other triangle set to zero."""
+    import torch
+
+    if len(drawn) != len(varied):
+        return varied
+    shaped = []
+    for before, after in zip(drawn, varied):
+        if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and before.is_floating_point()
+                and after.shape == before.shape and before.dim() >= 2 and before.shape[-1] >= 2
+                and before.shape[-2] >= 2 and after is not before):
+            square = before.shape[-1] == before.shape[-2]
+            upper = torch.equal(before, torch.triu(before))
+            lower = torch.equal(before, torch.tril(before))
+            if square and not (upper or lower) and torch.equal(before, before.mT):
+                after = torch.triu(after) + torch.triu(after, 1).mT
+            if upper and lower and bool(before.any()):  # diagonal
+                after = torch.tril(torch.triu(after))
+            elif upper and not lower:
+                after = torch.triu(after)
+            elif lower and not upper:
+                after = torch.tril(after)
+        shaped.append(after)
+    return shaped
 
 
 def with_zeros(x):

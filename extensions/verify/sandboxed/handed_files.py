@@ -91,28 +91,36 @@ def spaced_apart(values: list, device: str) -> list:
 
     from extensions.timing.tensors import flatten_tensors
 
-    from ..common.tensor_io import map_tensors, memory_order
+    from ..common.tensor_io import map_tensors, memory_order, strided_layout
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
         return values
-    slots, end = [], 0  # each tensor's (offset, bytes) in the buffer
+    slots, end = [], 0  # each tensor's (offset, bytes, layout) in the buffer
     for tensor in tensors:
         end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
-        size = tensor.numel() * tensor.element_size()
-        slots.append((end, size))
+        layout = strided_layout(tensor)
+        size = (layout[3] if layout else tensor.numel()) * tensor.element_size()
+        slots.append((end, size, layout))
         end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
     end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
     buffer = torch.full((end,), 255, dtype=torch.uint8, device=device).untyped_storage()
     placed = {}
-    for tensor, (offset, size) in zip(tensors, slots):
+    for tensor, (offset, size, layout) in zip(tensors, slots):
         # A slice of a storage is a storage of its own that keeps the buffer alive.
         own = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer[offset:offset + size])
         view = own.view(tensor.dtype)
-        # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
-        view = view.view(tensor.shape) if memory_order(tensor) is None else \
-            view.as_strided(tensor.shape, tensor.stride())
-        view.copy_(tensor)
+        if layout is not None:
+            # A slice or an expanded view, with the storage it reaches (``unpack`` gave it a
+            # storage of its own starting there): the stretch is copied whole, then viewed alike.
+            shape, stride, storage_offset, span = layout
+            view.copy_(torch.as_strided(tensor, (span,), (1,), 0))
+            view = view.as_strided(shape, stride, storage_offset)
+        else:
+            # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
+            view = view.view(tensor.shape) if memory_order(tensor) is None else \
+                view.as_strided(tensor.shape, tensor.stride())
+            view.copy_(tensor)
         placed[id(tensor)] = view
     return map_tensors(values, lambda t: placed[id(t)])
 
@@ -128,6 +136,8 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
     unbound, so nothing the candidate attached runs here, outside the audited call."""
     import torch
 
+    from ..common.tensor_io import overlaps_itself
+
     base = torch._C.TensorBase
     if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
         return inputs
@@ -136,6 +146,8 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
             if (old.shape, old.dtype, old.device, base.stride(old)) != (new.shape, new.dtype, new.device,
                                                                        base.stride(new)):
                 return inputs
+            if overlaps_itself(list(old.shape), list(base.stride(old))):
+                return inputs  # an expanded view cannot be written element by element
         elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor) or type(old) is not type(new) or old != new:
             return inputs
     with torch.no_grad():
