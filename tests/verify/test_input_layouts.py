@@ -70,7 +70,7 @@ def test_slices_and_expanded_views_of_a_problem_cross_as_they_are():
     tensors: dict = {}
     spec = pack([sliced, expanded, stepped, torch.randn(2, 3)], "in", tensors, layouts=True)
     assert all(t.is_contiguous() and t.dim() == 1 for k, t in tensors.items() if not k.endswith(".3"))
-    back = unpack(spec, tensors)
+    back = unpack(spec, tensors, layouts=True)
     for original, received in zip((sliced, expanded, stepped), back):
         assert received.stride() == original.stride() and received.storage_offset() == original.storage_offset()
         assert torch.equal(received, original) and torch.equal(_reach(received), _reach(original))
@@ -91,14 +91,24 @@ def test_slices_and_expanded_views_of_a_problem_cross_as_they_are():
 ])
 def test_a_malformed_strided_spec_is_refused(payload):
     with pytest.raises(TensorIOError):
-        unpack({"strided": payload}, {"in": torch.randn(12)})
+        unpack({"strided": payload}, {"in": torch.randn(12)}, layouts=True)
+
+
+def test_a_strided_view_from_the_candidates_side_is_refused():
+    """What the candidate's worker writes (its outputs, the inputs after its call) is read without
+    ``layouts``: a view of a huge shape over one stored element would be materialized by the
+    comparisons."""
+    with pytest.raises(TensorIOError):
+        unpack({"strided": ["out", [1 << 40], [0], 0]}, {"out": torch.randn(1)})
+    with pytest.raises(TensorIOError):
+        unpack({"list": [{"strided": ["out", [4, 5], [0, 1], 0]}]}, {"out": torch.randn(5)})
 
 
 def test_the_sandbox_places_slices_and_expanded_views_in_their_layout():
     sliced = torch.randn(6, 9)[:, 1:]
     expanded = torch.randn(5).expand(4, 5)
     tensors: dict = {}
-    handed = unpack(pack([sliced, expanded], "in", tensors, layouts=True), tensors)
+    handed = unpack(pack([sliced, expanded], "in", tensors, layouts=True), tensors, layouts=True)
     placed = spaced_apart(handed, "cpu")
     for original, received in zip((sliced, expanded), placed):
         assert received.stride() == original.stride() and received.storage_offset() == original.storage_offset()

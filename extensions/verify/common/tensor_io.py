@@ -133,7 +133,10 @@ def host_copy(tensor: Any) -> Any:
     return tensor.to("cpu").contiguous()
 
 
-def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any:
+def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layouts: bool = False) -> Any:
+    """The value ``pack`` described. ``layouts``: a spec the reference side wrote for a problem's
+    inputs, whose strided views are rebuilt; a spec from the candidate's side may not hold one (a
+    view of a huge shape over a few stored elements would be materialized by the comparisons)."""
     import torch
 
     if not isinstance(spec, dict) or len(spec) != 1:
@@ -154,6 +157,8 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any
         tensor = tensors[key].permute(inverse)
         return tensor.to(device) if device else tensor
     if kind == "strided":
+        if not layouts:
+            raise TensorIOError("a strided view where only plain tensors may be")
         if (not isinstance(payload, list) or len(payload) != 4 or not isinstance(payload[0], str)
                 or payload[0] not in tensors or not isinstance(payload[1], list) or not isinstance(payload[2], list)
                 or len(payload[1]) != len(payload[2])
@@ -170,7 +175,7 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None) -> Any
     if kind in ("list", "tuple"):
         if not isinstance(payload, list):
             raise TensorIOError(f"malformed {kind} spec")
-        items = [unpack(v, tensors, device) for v in payload]
+        items = [unpack(v, tensors, device, layouts) for v in payload]
         return tuple(items) if kind == "tuple" else items
     if kind == "value":
         if not isinstance(payload, JSON_SCALARS):

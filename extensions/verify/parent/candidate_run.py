@@ -52,7 +52,7 @@ def _memory_limit_mb(config, prepared: PreparedProblem, timing: bool) -> int:
 
 
 def _spec_bytes(spec: Any, tensors: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in flatten_tensors(unpack(spec, tensors)))
+    return sum(t.numel() * t.element_size() for t in flatten_tensors(unpack(spec, tensors, layouts=True)))
 
 
 def _bytes_of(tensors: dict) -> int:
@@ -259,7 +259,7 @@ class CandidateRun:
         except (TensorIOError, KeyError, OSError) as exc:
             fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
             return False
-        inputs_before = unpack(set_info["inputs"], self.prepared.inputs)
+        inputs_before = unpack(set_info["inputs"], self.prepared.inputs, layouts=True)
         if not inputs_unchanged(inputs_after, inputs_before):
             add_flags(result, ["mutated_inputs"])
             fail(result, label, "mutated_inputs", "forward modified its inputs")
@@ -403,7 +403,7 @@ def _input_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list,
 def _build_payload(prepared: PreparedProblem, values_specs: list) -> tuple[list, str, list]:
     tensors: dict[str, Any] = {}
     # Views of the parent's own copy: no second copy first.
-    packed = [pack(unpack(spec, prepared.inputs), f"in{i}", tensors, copy=False, layouts=True)
+    packed = [pack(unpack(spec, prepared.inputs, layouts=True), f"in{i}", tensors, copy=False, layouts=True)
               for i, spec in enumerate(values_specs)]
     parts = tensor_parts(tensors)
     digest = hashlib.sha256()

@@ -443,7 +443,7 @@ class ReferenceBuilder:
         from ..common.tensor_io import unpack
 
         entry = self.sets[index]
-        inputs = unpack(entry["inputs"], self.tensors)
+        inputs = unpack(entry["inputs"], self.tensors, layouts=True)
         expected = unpack(entry["expected"], self.expected)
         slack = unpack(entry["slack"], self.expected) if "slack" in entry else None
         ambiguous = unpack(entry["ambiguous"], self.expected) if "ambiguous" in entry else None

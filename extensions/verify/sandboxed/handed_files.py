@@ -70,7 +70,7 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
     tensors = tensors_in_buffer(read_checked_buffer(stem + ".safetensors", hashes[0]))
     for suffix in (".json", ".safetensors"):
         os.remove(stem + suffix)
-    values = spaced_apart([unpack(spec, tensors) for spec in handed.pop("values")], device)
+    values = spaced_apart([unpack(spec, tensors, layouts=True) for spec in handed.pop("values")], device)
     return values, handed
 
 
