@@ -282,7 +282,8 @@ def built_data(cfg) -> Optional[str]:
     digest = (json.loads(report.read_text()).get("fingerprint") or {}).get("verifier")
     if digest is None:
         return "pairs not verified"
-    return f"verifier {digest[:12]}" + ("" if digest == verifier_digest() else f", today's {verifier_digest()[:12]}")
+    today = verifier_digest()
+    return f"verifier {digest[:12]}" + ("" if digest == today else f", today's {today[:12]}")
 
 
 def measured_budgets(cfg, work: Path) -> dict[str, int]:
@@ -688,11 +689,12 @@ def main(argv=None) -> int:
     clock = PhaseClock(work / "phase_seconds.json")
     started = time.time()
     counts_file = work / "rl_task_counts.json"
-    if "data" not in phases and counts_file.is_file() and built_data(cfg) is not None:
+    built = built_data(cfg) if "data" not in phases and counts_file.is_file() else None
+    if built is not None:
         # The run's data as it was built: a later verifier change does not re-judge its pairs
         # (minutes of GPU per change) unless the data phase is asked for.
         rl_tasks = json.loads(counts_file.read_text())
-        print(f"[data] the run's data as built ({built_data(cfg)}); --phases data builds it again")
+        print(f"[data] the run's data as built ({built}); --phases data builds it again")
     else:
         rl_tasks = prepare_data(cfg, split)
         counts_file.write_text(json.dumps(rl_tasks))

@@ -145,7 +145,7 @@ def in_drawn_layouts(drawn: list, varied: list) -> list:
     broadcast dimension, so there the varied tensor stays as the transform built it."""
     import torch
 
-    from ..common.tensor_io import memory_order, overlaps_itself, strided_layout
+    from ..common.tensor_io import memory_order, overlaps_itself, stored_stretch, strided_layout
 
     if len(drawn) != len(varied):
         return varied
@@ -153,15 +153,13 @@ def in_drawn_layouts(drawn: list, varied: list) -> list:
     for before, after in zip(drawn, varied):
         if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.shape == before.shape
                 and after.stride() != before.stride()):
-            layout = strided_layout(before)
+            layout, copy = strided_layout(before), None
             if memory_order(before) is not None:
                 copy = torch.empty_like(before, dtype=after.dtype)  # preserve_format: ``before``'s strides
-                copy.copy_(after)
-                after = copy
             elif layout is not None and not overlaps_itself(layout[0], layout[1]):
                 shape, stride, offset, span = layout
-                reach = torch.as_strided(before.detach(), (span,), (1,), 0).to(after.dtype, copy=True)
-                copy = reach.as_strided(shape, stride, offset)
+                copy = stored_stretch(before, span).to(after.dtype, copy=True).as_strided(shape, stride, offset)
+            if copy is not None:
                 copy.copy_(after)
                 after = copy
         laid.append(after)

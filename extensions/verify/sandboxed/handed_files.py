@@ -91,7 +91,7 @@ def spaced_apart(values: list, device: str) -> list:
 
     from extensions.timing.tensors import flatten_tensors
 
-    from ..common.tensor_io import map_tensors, memory_order, strided_layout
+    from ..common.tensor_io import map_tensors, memory_order, stored_stretch, strided_layout
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
@@ -114,7 +114,7 @@ def spaced_apart(values: list, device: str) -> list:
             # A slice or an expanded view, with the storage it reaches (``unpack`` gave it a
             # storage of its own starting there): the stretch is copied whole, then viewed alike.
             shape, stride, storage_offset, span = layout
-            view.copy_(torch.as_strided(tensor, (span,), (1,), 0))
+            view.copy_(stored_stretch(tensor, span))
             view = view.as_strided(shape, stride, storage_offset)
         else:
             # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
