@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import flatten_tensors, held_elsewhere, plain_output
+from extensions.timing.tensors import flatten_tensors, held_elsewhere, plain_output, stored_stretch, view_span
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -147,9 +147,23 @@ def _structure(input_set: Sequence[Any]) -> list:
     import torch
 
     return [
-        (tuple(x.shape), x.dtype, tuple(x.stride()), x.device) if isinstance(x, torch.Tensor) else "value"
+        (tuple(x.shape), x.dtype, tuple(x.stride()), x.storage_offset(), x.device)
+        if isinstance(x, torch.Tensor) else "value"
         for x in input_set
     ]
+
+
+def _fixed_buffer(x: Any) -> tuple[Any, int]:
+    """An empty tensor laid out as ``x`` (shape, strides and storage offset, a sliced or expanded
+    view's included: a kernel is timed on the layout it was judged on) and how many elements of
+    its storage loading copies, the values between a view's elements included."""
+    import torch
+
+    if x.numel() == 0:
+        return torch.empty_like(x), 0
+    shape, strides, offset = list(x.shape), list(x.stride()), x.storage_offset()
+    span = view_span(shape, strides, offset)
+    return torch.empty(span, dtype=x.dtype, device=x.device).as_strided(shape, strides, offset), span
 
 
 class _LiveInputs:
@@ -165,8 +179,13 @@ class _LiveInputs:
         mismatched = [i for i, s in enumerate(self.input_sets) if _structure(s) != first]
         # Sets of other shapes cannot share buffers; they are passed as they are.
         self.copies_into_fixed_buffers = not mismatched
+        self._spans: dict[int, int] = {}
         if self.copies_into_fixed_buffers:
-            self.args = [torch.empty_like(x) if isinstance(x, torch.Tensor) else x for x in self.input_sets[0]]
+            self.args = []
+            for position, x in enumerate(self.input_sets[0]):
+                if isinstance(x, torch.Tensor):
+                    x, self._spans[position] = _fixed_buffer(x)
+                self.args.append(x)
         else:
             self.args = list(self.input_sets[0])
         self.loaded: Optional[int] = None
@@ -185,7 +204,8 @@ class _LiveInputs:
         if self.copies_into_fixed_buffers:
             for position, value in enumerate(source):
                 if isinstance(value, torch.Tensor):
-                    torch._C.TensorBase.copy_(self.args[position], value)
+                    span = self._spans[position]
+                    torch._C.TensorBase.copy_(stored_stretch(self.args[position], span), stored_stretch(value, span))
                 else:
                     self.args[position] = value
         else:

@@ -1,7 +1,8 @@
-"""The tensors of a model output: the one walk the timer and the verifier both use.
+"""Tensors as the timer and the verifier both read them: the walk over a model output, and the
+stretch of storage a strided view reaches.
 
 A leaf: it imports nothing of the project, so the verifier (a layer above the timer) and the timer
-read an output the same way.
+read an output, and lay out an input, the same way.
 
 A model's output is the candidate's object. Its methods (``detach``, ``cpu``, ``numel``,
 ``data_ptr``) are looked up on its class and on the object itself, so a tensor subclass, or a
@@ -131,3 +132,19 @@ def held_elsewhere(value: Any, exclude: frozenset | set = frozenset()) -> set[in
             if not held:
                 break
     return held
+
+
+def view_span(shape: list[int], strides: list[int], offset: int) -> int:
+    """How many elements of its storage, from the storage's start, a non-empty view with
+    non-negative strides reaches."""
+    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def stored_stretch(tensor: Any, span: int) -> Any:
+    """The first ``span`` elements of ``tensor``'s storage as one flat view: a strided view's
+    elements and the memory between them (``view_span``), what the verifier stores and places for
+    a sliced or expanded input and what the timer copies into its fixed buffers. Read without
+    calling anything the tensor's object carries."""
+    import torch
+
+    return torch.as_strided(torch._C.TensorBase.detach(tensor), (span,), (1,), 0)

@@ -156,3 +156,37 @@ def test_varied_sets_keep_the_symmetry_and_triangles_drawn():
     assert torch.equal(kept[3], torch.diag(torch.diagonal(varied[3])))
     assert kept[4] is varied[4] and kept[5] is varied[5] and kept[6] == 3
     assert not torch.equal(varied[0], varied[0].T)  # what the transform alone would have handed over
+
+
+def test_the_timer_runs_each_set_in_the_layout_it_was_judged_on():
+    """The timer copies every set into fixed buffers; they keep a slice's and an expanded view's
+    strides, storage offset and the values between the elements, so a kernel exact on the
+    problem's layout (here one that reads the slice's storage as the problem lays it out) is timed
+    on that layout and agrees with the reference on every set."""
+    from extensions.timing.runners import HostTrialRunner
+    from extensions.timing.schedule import CANDIDATE, REFERENCE
+    from extensions.verify.common.compare import compare_outputs
+    from extensions.config import VerifierConfig
+
+    class Reference(torch.nn.Module):
+        def forward(self, x, bias):
+            return 2 * x + bias
+
+    class ReadsTheProblemsLayout(torch.nn.Module):
+        def forward(self, x, bias):
+            rows = torch.as_strided(x, (8, 32), (33, 1), 0)  # the rows the slice was cut from
+            return 2 * rows[:, 1::2] + torch.as_strided(bias, (8, 16), (0, 1))
+
+    def one_set():
+        return [torch.randn(8, 33)[:, 1::2], torch.randn(1, 16).expand(8, 16)]
+
+    sets = [one_set(), one_set()]
+    runner = HostTrialRunner(Reference(), ReadsTheProblemsLayout(), sets, VerifierConfig(), compare_outputs)
+    for index, input_set in enumerate(sets):
+        runner.load(index)
+        for live, given in zip(runner.inputs.args, input_set):
+            assert (live.stride(), live.storage_offset()) == (given.stride(), given.storage_offset())
+            assert torch.equal(_reach(live), _reach(given))
+        runner.time_call(REFERENCE)
+        runner.time_call(CANDIDATE)
+        assert runner.outputs_agree()

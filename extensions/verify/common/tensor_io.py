@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from extensions.timing.tensors import stored_stretch, view_span
+
 JSON_SCALARS = (bool, int, float, str, type(None))
 
 
@@ -89,21 +91,7 @@ def strided_layout(tensor: Any) -> tuple[list[int], list[int], int, int] | None:
     if any(s < 0 for s in strides):
         return None
     offset = torch._C.TensorBase.storage_offset(tensor)
-    return list(tensor.shape), strides, offset, _span(list(tensor.shape), strides, offset)
-
-
-def _span(shape: list[int], strides: list[int], offset: int) -> int:
-    """How many elements of its storage, from the storage's start, a non-empty view reaches."""
-    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-
-
-def stored_stretch(tensor: Any, span: int) -> Any:
-    """The first ``span`` elements of ``tensor``'s storage as one flat view: a strided view's
-    elements and the memory between them (``strided_layout``'s span), the whole of what ``pack``
-    stores and ``spaced_apart`` places for it."""
-    import torch
-
-    return torch.as_strided(tensor.detach(), (span,), (1,), 0)
+    return list(tensor.shape), strides, offset, view_span(list(tensor.shape), strides, offset)
 
 
 def overlaps_itself(shape: list[int], strides: list[int]) -> bool:
@@ -179,7 +167,7 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layout
             raise TensorIOError("malformed strided tensor spec")
         key, shape, stride, offset = payload
         reach = tensors[key]
-        if reach.dim() != 1 or 0 in shape or _span(shape, stride, offset) > reach.numel():
+        if reach.dim() != 1 or 0 in shape or view_span(shape, stride, offset) > reach.numel():
             raise TensorIOError("strided tensor spec reaches past its stored elements")
         # A storage of its own, starting where the stored stretch starts, as the problem's did.
         own = reach.to(device, copy=True) if device else reach.clone()
