@@ -94,6 +94,19 @@ def strided_layout(tensor: Any) -> tuple[list[int], list[int], int, int] | None:
     return list(tensor.shape), strides, offset, view_span(list(tensor.shape), strides, offset)
 
 
+def own_copy(tensor: Any, device: Any = None) -> Any:
+    """A copy of ``tensor`` (on ``device``, or where it is) in a storage of its own, laid out
+    alike: a permuted layout keeps its strides, a slice or an expanded view keeps its strides and
+    storage offset with the stretch of storage it reaches. Whatever is done to it leaves
+    ``tensor`` as it was."""
+    layout = strided_layout(tensor)
+    if layout is None:
+        return tensor.to(tensor.device if device is None else device, copy=True)
+    shape, stride, offset, span = layout
+    stretch = stored_stretch(tensor, span)
+    return stretch.to(stretch.device if device is None else device, copy=True).as_strided(shape, stride, offset)
+
+
 def overlaps_itself(shape: list[int], strides: list[int]) -> bool:
     """Whether two elements of a view of ``shape`` and ``strides`` may share a memory location
     (an expanded dimension, or strides too small for the sizes inside them): such a view cannot

@@ -19,7 +19,7 @@ from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from ..common.tensor_io import map_tensors, pack
+from ..common.tensor_io import map_tensors, own_copy, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
@@ -244,6 +244,13 @@ class ReferenceBuilder:
         """Each set left out as the user reads it: ``name: reason``."""
         return [str(entry) for entry in self.skipped_sets]
 
+    def _own_copies(self, values: Any) -> Any:
+        """``values`` with each tensor copied to the device in a storage of its own, laid out
+        alike: every reference call gets these, so a problem whose forward changes its inputs in
+        place (``x += 1``, ``ReLU(inplace=True)``) changes neither the set the candidate is handed
+        nor the later calls' inputs (its output would be judged against the changed values)."""
+        return map_tensors(values, lambda t: own_copy(t, self.device))
+
     def _perturbed(self, model):
         """``model`` with its constant-initialised parameters replaced by the batch's noise
         (``param_noise``); the keys are recorded so the candidate's tensors get the same."""
@@ -309,7 +316,7 @@ class ReferenceBuilder:
             if transform is not None:
                 inputs = in_drawn_layouts(drawn, in_drawn_structure(drawn, transform(inputs)))
             with torch.no_grad():
-                out = self.models[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
+                out = self.models[init_index](*self._own_copies(inputs))
             if self.device != "cpu":
                 torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001 - the reference rejects this variation
@@ -476,7 +483,7 @@ class ReferenceBuilder:
         then, so the call changes no set's output, and no copy of a large model is held."""
         model = self.models[init_index]
         with judged_context(model, context):
-            out = model(*map_tensors(inputs, lambda t: t.to(self.device)))
+            out = model(*self._own_copies(inputs))
         if self.device != "cpu":
             import torch
 
@@ -690,7 +697,7 @@ class ReferenceBuilder:
         model = self.fp32_copies[0]
 
         def moved(values: list) -> list:
-            return map_tensors(values, lambda t: t.to(self.device))
+            return self._own_copies(values)
 
         here = moved(inputs)
         watch = _index_watch({here[i].untyped_storage().data_ptr(): i for i in candidates})
@@ -741,8 +748,8 @@ class ReferenceBuilder:
 
         def widen(t):
             if not t.is_floating_point():
-                return t.to(self.device)
-            t = t.double()
+                return own_copy(t, self.device)
+            t = t.to(torch.float64, copy=True)
             return (t.abs() if magnitudes else t).to(self.device)
 
         default = torch.get_default_dtype()
@@ -810,7 +817,7 @@ class ReferenceBuilder:
             if init_index not in self.fp32_copies:
                 self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
             with torch.no_grad():
-                return self.fp32_copies[init_index](*map_tensors(varied, lambda t: t.to(self.device)))
+                return self.fp32_copies[init_index](*self._own_copies(varied))
 
         watch = step_watch()
         try:
@@ -875,7 +882,7 @@ class ReferenceBuilder:
         if init_index not in self.fp32_copies:
             self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
         with torch.no_grad():
-            return self.fp32_copies[init_index](*map_tensors(inputs, lambda t: t.to(self.device)))
+            return self.fp32_copies[init_index](*self._own_copies(inputs))
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None,
                  ambiguous: Any = None) -> str:
@@ -961,7 +968,7 @@ class ReferenceBuilder:
 
         def run() -> Any:
             with torch.no_grad():
-                return model(*map_tensors(inputs, lambda t: t.to(self.device)))
+                return model(*self._own_copies(inputs))
 
         return scalar_variation_fault(run, before)
 
