@@ -116,13 +116,36 @@ def test_the_sandbox_places_slices_and_expanded_views_in_their_layout():
     assert placed[0].untyped_storage().data_ptr() != handed[0].untyped_storage().data_ptr()
 
 
-def test_varied_sets_keep_a_slice_and_leave_an_expanded_view_as_built():
+def test_varied_sets_keep_a_slice_and_an_expanded_view():
     drawn = [torch.randn(6, 9)[:, 1:], torch.randn(5).expand(4, 5)]
     varied = [drawn[0] * 3, drawn[1] * torch.rand(4, 5)]  # the second differs along the broadcast
     laid = in_drawn_layouts(drawn, varied)
     assert laid[0].stride() == drawn[0].stride() and laid[0].storage_offset() == 1
     assert torch.equal(laid[0], varied[0])
-    assert laid[1] is varied[1]
+    # Still a broadcast: each location holds one of the varied values that share it.
+    assert laid[1].stride() == (0, 1)
+    assert all(any(torch.equal(laid[1][0, c], varied[1][r, c]) for r in range(4)) for c in range(5))
+
+
+def test_the_memory_between_a_slices_elements_is_varied_as_its_elements_are():
+    """On a problem's own inputs the column beside a slice holds values like the slice's; a varied
+    set that scaled the elements and kept the drawn column told itself apart from the problem's
+    call (a kernel compared the two and was wrong only on the problem's)."""
+    from extensions.verify.reference.variations import between_elements
+
+    torch.manual_seed(0)
+    drawn = [torch.randn(64, 33)[:, 1:], 2.5]
+
+    def scale_up(values):
+        return [v * 1000 if isinstance(v, torch.Tensor) else v for v in values]
+
+    laid = in_drawn_layouts(drawn, scale_up(drawn), between_elements(drawn, scale_up))
+    beside = _reach(laid[0]).reshape(64, 33)[:, 0]  # the column the slice was cut beside
+    assert laid[0].stride() == drawn[0].stride() and torch.equal(laid[0], drawn[0] * 1000)
+    assert beside.abs().max() > 0.25 * laid[0].abs().max()
+    # Without it, the drawn column: the tell the set had.
+    kept = _reach(in_drawn_layouts(drawn, scale_up(drawn))[0]).reshape(64, 33)[:, 0]
+    assert kept.abs().max() < 0.01 * laid[0].abs().max()
 
 
 def test_an_expanded_input_is_handed_anew_rather_than_written_into():

@@ -23,7 +23,7 @@ from ..common.tensor_io import map_tensors, own_copy, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, in_drawn_layouts, in_drawn_structure, integer_operand,
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_structure, integer_operand,
                          integer_transform, is_plain_int, transform_integers, transform_tensors, value_transforms,
                          varied_input_scalar, with_negative_lines, with_offset, with_outliers, with_scalars_varied,
                          with_zeros)
@@ -314,7 +314,8 @@ class ReferenceBuilder:
             init_index = self.init_index(module)
             inputs = drawn = self.draw_inputs(module, seed)
             if transform is not None:
-                inputs = in_drawn_layouts(drawn, in_drawn_structure(drawn, transform(inputs)))
+                inputs = in_drawn_layouts(drawn, in_drawn_structure(drawn, transform(inputs)),
+                                          between_elements(drawn, transform))
             with torch.no_grad():
                 out = self.models[init_index](*self._own_copies(inputs))
             if self.device != "cpu":

@@ -136,32 +136,80 @@ def transform_tensors(values: list, fn) -> list:
     return [fn(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
 
 
-def in_drawn_layouts(drawn: list, varied: list) -> list:
+def between_elements(drawn: list, transform) -> list:
+    """Per drawn tensor laid out as a slice or an expanded view (``strided_layout``): the stretch of
+    storage it reaches, holding the drawn stretch's values passed through the set's own
+    ``transform``; None at the other places. On a problem's own inputs the memory around a slice
+    holds values like its elements (the rest of the tensor it was cut from); kept as drawn on a
+    varied set it did not, and a kernel that compared the two told the varied sets from the
+    problem's and was wrong only on the latter. The transform sees the stretch shaped like the
+    view (rows added until it holds the whole stretch), so its lines and its maximum are drawn
+    as the elements' are."""
+    import torch
+
+    from ..common.tensor_io import stored_stretch, strided_layout
+
+    stand_ins, spans = list(drawn), {}
+    for place, tensor in enumerate(drawn):
+        layout = strided_layout(tensor) if isinstance(tensor, torch.Tensor) else None
+        if layout is None or tensor.dim() == 0:
+            continue
+        shape, span = list(tensor.shape), layout[3]
+        inner = max(1, tensor.numel() // shape[0])
+        rows = max(shape[0], -(-span // inner))
+        stretch = stored_stretch(tensor, span)
+        stand_ins[place] = stretch.repeat(-(-rows * inner // span))[:rows * inner].reshape([rows, *shape[1:]]).clone()
+        spans[place] = span
+    fills: list = [None] * len(drawn)
+    if not spans:
+        return fills
+    try:
+        varied = transform(stand_ins)
+    except Exception:  # noqa: BLE001 - the set's own transform decides whether the set exists
+        return fills
+    for place, span in spans.items():
+        value = varied[place] if place < len(varied) else None
+        if isinstance(value, torch.Tensor) and value.numel() >= span:
+            fills[place] = value.reshape(-1)[:span]
+    return fills
+
+
+def in_drawn_layouts(drawn: list, varied: list, between: list | None = None) -> list:
     """``varied`` with each tensor laid out in memory as the one drawn at its place: a transform
     builds new tensors (a ``where``, a reshape), and a problem whose own inputs are column-major
     would otherwise see row-major inputs on its varied sets only, where a kernel written for one
-    layout is judged on another. A slice keeps its strides and offset, with the drawn values
-    between its elements; an expanded (overlapping) view cannot hold values that differ along its
-    broadcast dimension, so there the varied tensor stays as the transform built it."""
+    layout is judged on another. A slice keeps its strides and offset; an expanded (overlapping)
+    view keeps its strides too, each memory location holding one of the varied values that share
+    it. The memory between the elements holds ``between`` (``between_elements``) where given,
+    else the drawn values."""
     import torch
 
     from ..common.tensor_io import memory_order, overlaps_itself, stored_stretch, strided_layout
 
     if len(drawn) != len(varied):
         return varied
+    between = between if between is not None and len(between) == len(drawn) else [None] * len(drawn)
     laid = []
-    for before, after in zip(drawn, varied):
+    for before, after, fill in zip(drawn, varied, between):
         if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.shape == before.shape
                 and after.stride() != before.stride()):
-            layout, copy = strided_layout(before), None
+            layout = strided_layout(before)
             if memory_order(before) is not None:
                 copy = torch.empty_like(before, dtype=after.dtype)  # preserve_format: ``before``'s strides
-            elif layout is not None and not overlaps_itself(layout[0], layout[1]):
-                shape, stride, offset, span = layout
-                copy = stored_stretch(before, span).to(after.dtype, copy=True).as_strided(shape, stride, offset)
-            if copy is not None:
                 copy.copy_(after)
                 after = copy
+            elif layout is not None:
+                shape, stride, offset, span = layout
+                stretch = (fill if fill is not None else stored_stretch(before, span)).to(
+                    device=after.device, dtype=after.dtype, copy=True)
+                if overlaps_itself(shape, stride):
+                    places = torch.as_strided(torch.arange(span, device=after.device), shape, stride, offset)
+                    stretch[places.reshape(-1)] = after.reshape(-1)
+                    after = stretch.as_strided(shape, stride, offset)
+                else:
+                    view = stretch.as_strided(shape, stride, offset)
+                    view.copy_(after)
+                    after = view
         laid.append(after)
     return laid
 
