@@ -23,10 +23,10 @@ from ..common.tensor_io import map_tensors, own_copy, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_structure, integer_operand,
-                         integer_transform, is_plain_int, transform_integers, transform_tensors, value_transforms,
-                         varied_input_scalar, with_negative_lines, with_offset, with_outliers, with_scalars_varied,
-                         with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_structure,
+                         integer_operand, integer_transform, is_plain_int, transform_integers, transform_tensors,
+                         value_transforms, varied_input_scalar, with_negative_lines, with_offset, with_outliers,
+                         with_scalars_varied, with_zeros)
 
 # How far the value sets after ``signed`` move a Python int (``_scalar_plan``), one drawn per batch.
 FAR_INT_STEPS = (2, 3)
@@ -697,10 +697,7 @@ class ReferenceBuilder:
             self.fp32_copies[0] = copy.deepcopy(self.models[0])
         model = self.fp32_copies[0]
 
-        def moved(values: list) -> list:
-            return self._own_copies(values)
-
-        here = moved(inputs)
+        here = self._own_copies(inputs)
         watch = _index_watch({here[i].untyped_storage().data_ptr(): i for i in candidates})
         try:
             with torch.no_grad(), watch:
@@ -717,7 +714,7 @@ class ReferenceBuilder:
                 trial[i] = fn(inputs[i])
                 try:
                     with torch.no_grad():
-                        after = model(*moved(trial))
+                        after = model(*self._own_copies(trial))
                 except Exception as exc:  # noqa: BLE001 - the problem's reference rejects such values
                     why = f"reference failed ({type(exc).__name__})"
                 else:
