@@ -2,9 +2,10 @@
 
 ``CudaTrialRunner`` is the GPU timer (L2 flush, CUDA events, device-wide synchronisation, host
 wall-clock cross-check). ``HostTrialRunner`` times with the host clock only: CPU runs, tests and the
-benchmark's dry run. Both feed the models from fixed "live" input buffers into which each input set
-is copied before its pair, so the candidate sees the same addresses with new contents: an output
-cache keyed on addresses or tensor identity returns stale results, which the output checks catch.
+benchmark's dry run. Both feed the models from fixed "live" input buffers into which the input set
+is copied before every call, so the candidate sees the same addresses with new contents (an output
+cache keyed on addresses or tensor identity returns stale results, which the output checks catch)
+and each call sees the set as drawn, whatever a model working in place did to it before.
 """
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def _fixed_buffer(x: Any) -> tuple[Any, int]:
 
 
 class _LiveInputs:
-    """Fixed argument buffers that each input set is copied into before its pair."""
+    """Fixed argument buffers that each input set is copied into before every timed call."""
 
     def __init__(self, input_sets: Sequence[Sequence[Any]]):
         import torch
@@ -177,18 +178,25 @@ class _LiveInputs:
         self.input_sets = [list(s) for s in input_sets]
         first = _structure(self.input_sets[0])
         mismatched = [i for i, s in enumerate(self.input_sets) if _structure(s) != first]
-        # Sets of other shapes cannot share buffers; they are passed as they are.
+        # Sets of other shapes cannot share buffers: each gets buffers of its own, so a model that
+        # writes into its inputs never changes the set itself.
         self.copies_into_fixed_buffers = not mismatched
-        self._spans: dict[int, int] = {}
-        if self.copies_into_fixed_buffers:
-            self.args = []
-            for position, x in enumerate(self.input_sets[0]):
-                if isinstance(x, torch.Tensor):
-                    x, self._spans[position] = _fixed_buffer(x)
-                self.args.append(x)
-        else:
-            self.args = list(self.input_sets[0])
+        self._buffers: dict[int, tuple[list, dict[int, int]]] = {}
+        self.args = self._buffers_for(0)[0]
         self.loaded: Optional[int] = None
+
+    def _buffers_for(self, index: int) -> tuple[list, dict[int, int]]:
+        import torch
+
+        key = 0 if self.copies_into_fixed_buffers else index
+        if key not in self._buffers:
+            args, spans = [], {}
+            for position, x in enumerate(self.input_sets[key]):
+                if isinstance(x, torch.Tensor):
+                    x, spans[position] = _fixed_buffer(x)
+                args.append(x)
+            self._buffers[key] = (args, spans)
+        return self._buffers[key]
 
     @property
     def count(self) -> int:
@@ -200,16 +208,14 @@ class _LiveInputs:
     def load(self, index: int) -> None:
         import torch
 
-        source = self.input_sets[index]
-        if self.copies_into_fixed_buffers:
-            for position, value in enumerate(source):
-                if isinstance(value, torch.Tensor):
-                    span = self._spans[position]
-                    torch._C.TensorBase.copy_(stored_stretch(self.args[position], span), stored_stretch(value, span))
-                else:
-                    self.args[position] = value
-        else:
-            self.args = list(source)
+        args, spans = self._buffers_for(index)
+        for position, value in enumerate(self.input_sets[index]):
+            if isinstance(value, torch.Tensor):
+                span = spans[position]
+                torch._C.TensorBase.copy_(stored_stretch(args[position], span), stored_stretch(value, span))
+            else:
+                args[position] = value
+        self.args = args
         self.loaded = index
 
     def data_pointers(self) -> set[int]:

@@ -199,8 +199,10 @@ class SpeedupScheduler:
         self.schedule_log.append((phase, index))
         timings: dict[str, CallTiming] = {}
         try:
-            self.runner.load(index)
+            # Each call gets the set afresh: a model that works in place (``x.add_(1)``, as some
+            # problems do) would otherwise hand the other model, or its own next call, other inputs.
             for role in order:
+                self.runner.load(index)
                 timings[role] = self.runner.time_call(role)
             # Every timed call's output is checked: a fingerprint always, the full comparison on
             # the sampled pairs.

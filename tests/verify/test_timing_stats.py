@@ -259,9 +259,10 @@ def test_counts_mode_interleaves_rotates_and_probes_last():
     firsts = [p[0][0] for p in pairs[:-1]]
     assert firsts[0::2] == ["reference"] * len(firsts[0::2])
     assert firsts[1::2] == ["candidate"] * len(firsts[1::2])
-    # Rotation over sets 0 and 1; set 2 is held back for the probe, where the candidate runs last.
-    assert runner.loads[:-1] == [i % 2 for i in range(len(runner.loads) - 1)]
-    assert runner.loads[-1] == 2 and 2 not in runner.loads[:-1]
+    # Rotation over sets 0 and 1, loaded afresh before each of a pair's two calls; set 2 is held
+    # back for the probe, where the candidate runs last.
+    assert runner.loads[:-2] == [(i // 2) % 2 for i in range(len(runner.loads) - 2)]
+    assert runner.loads[-2:] == [2, 2] and 2 not in runner.loads[:-2]
     assert runner.calls[-1] == ("candidate", 2)
     assert report.last_input_index == 2 and report.last_output == ("result", 2)
     data = report.to_dict()
@@ -525,7 +526,7 @@ def test_memoisation_needs_every_probe_to_agree():
     report = _run(runner, _settings())
     assert "memoization_suspected" not in report.flags
     assert [info["memoization_suspected"] for info in report.details["probes"]] == [True, False]
-    assert set(runner.loads[:-2]) == {0, 1, 2}
+    assert set(runner.loads[:-4]) == {0, 1, 2}  # the two probes (sets 3 and 4) load twice each
 
 
 def test_address_memoiser_gets_no_speedup():
@@ -705,6 +706,26 @@ def test_host_runner_times_real_modules():
     assert report.last_input_index == 2
     assert torch.equal(report.last_output, sets[2][0] * 2.0)
     assert not any(f in report.flags for f in ("output_mismatch_during_timing", "output_reused"))
+
+
+class AddInPlaceThenScale(torch.nn.Module):
+    def forward(self, x):
+        x.add_(1.0)
+        return x * 2.0
+
+
+@pytest.mark.parametrize("sizes", [(20000, 20000, 20000), (20000, 15000, 10000)], ids=["one_shape", "shapes"])
+def test_a_model_working_in_place_is_timed_on_the_set_every_call(sizes):
+    """Some problems change their input (``x.add_(1)``): every timed call gets the set as drawn,
+    not as the other model or an earlier call left it, and the set itself stays as drawn."""
+    generator = torch.Generator().manual_seed(0)
+    sets = [[torch.randn(size, generator=generator)] for size in sizes]
+    drawn = [[x.clone() for x in s] for s in sets]
+    report = measure_speedup(AddInPlaceThenScale(), AddInPlaceThenScale(), sets, _cpu_config(),
+                             compare_outputs=compare_outputs)
+    assert "output_mismatch_during_timing" not in report.flags and report.speedup is not None
+    assert torch.equal(report.last_output, (drawn[report.last_input_index][0] + 1.0) * 2.0)
+    assert all(torch.equal(x, y) for s, d in zip(sets, drawn) for x, y in zip(s, d))
 
 
 def test_host_runner_catches_an_address_memoiser():
