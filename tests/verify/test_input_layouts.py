@@ -159,6 +159,19 @@ def test_an_expanded_input_is_handed_anew_rather_than_written_into():
     assert kept is sliced_before and torch.equal(kept[0], again[1])
 
 
+def test_a_reused_slice_takes_the_next_sets_memory_between_its_elements():
+    """Where the next set reuses the previous set's tensor objects, a slice gets the whole stretch
+    of the new set, not only its elements: the memory between them, which each set varies as it
+    varies the elements, stayed what the first set had there, and every later set showed a
+    kernel the drawn neighbours again. A slice that starts elsewhere gets tensors of its own."""
+    previous = spaced_apart([torch.randn(6, 9)[:, 1:]], "cpu")
+    nxt = spaced_apart([(1000 * torch.randn(6, 9))[:, 1:]], "cpu")
+    kept = into_previous_tensors(previous, nxt)
+    assert kept is previous and torch.equal(_reach(kept[0]), _reach(nxt[0]))
+    elsewhere = spaced_apart([torch.randn(6, 9)[:, 2:]], "cpu")
+    assert into_previous_tensors(spaced_apart([torch.randn(6, 9)[:, 1:-1]], "cpu"), elsewhere) is elsewhere
+
+
 def test_varied_sets_keep_the_symmetry_and_triangles_drawn():
     """Problems posed on symmetric or triangular matrices are functions on those matrices: a value
     transform applied element by element must not hand a kernel that relies on it (reads A as A^T,

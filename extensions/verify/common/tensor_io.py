@@ -94,6 +94,22 @@ def strided_layout(tensor: Any) -> tuple[list[int], list[int], int, int] | None:
     return list(tensor.shape), strides, offset, view_span(list(tensor.shape), strides, offset)
 
 
+def stored_reaches(spec: Any) -> list[str | None]:
+    """For each tensor a ``pack`` spec holds, in order (``flatten_tensors``'s order of the value),
+    the key of the storage stretch it stored for a strided view, or None for a tensor stored
+    without one."""
+    if not isinstance(spec, dict) or len(spec) != 1:
+        raise TensorIOError(f"malformed value spec {str(spec)[:80]}")
+    (kind, payload), = spec.items()
+    if kind in ("list", "tuple") and isinstance(payload, list):
+        return [key for item in payload for key in stored_reaches(item)]
+    if kind == "strided" and isinstance(payload, list) and payload:
+        return [payload[0]]
+    if kind in ("tensor", "permuted"):
+        return [None]
+    return []
+
+
 def own_copy(tensor: Any, device: Any = None) -> Any:
     """A copy of ``tensor`` (on ``device``, or where it is) in a storage of its own, laid out
     alike: a permuted layout keeps its strides, a slice or an expanded view keeps its strides and

@@ -25,7 +25,8 @@ from ..common.compare import compare_outputs, inputs_unchanged
 from ..common.judged_context import describe as describe_context
 from ..common.phases import PhaseClock, sanitize_phases
 from ..common.precision import TF32_HINT, dots_at_tf32
-from ..common.tensor_io import TensorIOError, load_tensors, pack, tensor_bytes, tensor_parts, unpack
+from ..common.tensor_io import (TensorIOError, load_tensors, pack, stored_reaches, tensor_bytes, tensor_parts,
+                               unpack)
 from ..result import VerifyResult
 from ..reward import is_cheating
 from .launcher import write_private
@@ -232,6 +233,25 @@ class CandidateRun:
             self._note_reduced_size(f"the largest set run has {largest} input elements, the problem {own}: "
                                     "a kernel wrong only past that size is not seen on CPU")
 
+    def _reaches_unchanged(self, set_info: dict, status: dict, tensors: dict) -> bool:
+        """Whether every sliced or expanded input's stretch of storage, the memory between its
+        elements included, is bitwise as it was handed: a write there is a write into the
+        caller's tensor (the rest of a matrix a slice was cut from, another input sharing it)."""
+        after = status.get("inputs_reach_after")
+        if not isinstance(after, dict):
+            return False
+        try:
+            for position, key in enumerate(stored_reaches(set_info["inputs"])):
+                if key is None:
+                    continue
+                if str(position) not in after:
+                    return False
+                if not inputs_unchanged(unpack(after[str(position)], tensors), self.prepared.inputs[key]):
+                    return False
+        except (TensorIOError, KeyError):
+            return False
+        return True
+
     def _check_set(self, index: int, set_info: dict, status: dict, phase: str) -> bool:
         result, cfg = self.result, self.config
         add_flags(result, status.get("flags"))
@@ -260,7 +280,7 @@ class CandidateRun:
             fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
             return False
         inputs_before = unpack(set_info["inputs"], self.prepared.inputs, layouts=True)
-        if not inputs_unchanged(inputs_after, inputs_before):
+        if not inputs_unchanged(inputs_after, inputs_before) or not self._reaches_unchanged(set_info, status, tensors):
             add_flags(result, ["mutated_inputs"])
             fail(result, label, "mutated_inputs", "forward modified its inputs")
             return False

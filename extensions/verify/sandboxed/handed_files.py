@@ -136,15 +136,15 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
     unbound, so nothing the candidate attached runs here, outside the audited call."""
     import torch
 
-    from ..common.tensor_io import overlaps_itself
+    from ..common.tensor_io import overlaps_itself, stored_stretch, strided_layout
 
     base = torch._C.TensorBase
     if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
         return inputs
     for old, new in zip(previous, inputs):
         if type(old) is torch.Tensor and type(new) is torch.Tensor:
-            if (old.shape, old.dtype, old.device, base.stride(old)) != (new.shape, new.dtype, new.device,
-                                                                       base.stride(new)):
+            if (old.shape, old.dtype, old.device, base.stride(old), base.storage_offset(old)) != (
+                    new.shape, new.dtype, new.device, base.stride(new), base.storage_offset(new)):
                 return inputs
             if overlaps_itself(list(old.shape), list(base.stride(old))):
                 return inputs  # an expanded view cannot be written element by element
@@ -153,5 +153,11 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
     with torch.no_grad():
         for old, new in zip(previous, inputs):
             if type(old) is torch.Tensor:
-                base.copy_(old, new)
+                layout = strided_layout(new)
+                if layout is None:
+                    base.copy_(old, new)
+                else:
+                    # A slice: the memory between its elements is the new set's too (each set
+                    # varies it as it varies the elements), not what the previous set had there.
+                    base.copy_(stored_stretch(old, layout[3]), stored_stretch(new, layout[3]))
     return previous

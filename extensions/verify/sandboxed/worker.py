@@ -216,9 +216,11 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
 
     from extensions.timing.tensors import ForeignTensorType, held_elsewhere, plain_output
 
+    from extensions.timing.tensors import flatten_tensors, stored_stretch
+
     from ..common.judged_context import judged_context
     from ..common.model_tensors import module_tensors
-    from ..common.tensor_io import TensorIOError, pack, save_tensors
+    from ..common.tensor_io import TensorIOError, pack, save_tensors, strided_layout
 
     status: dict[str, Any] = {"ok": False}
     try:
@@ -235,6 +237,10 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
         autotune.start_set(index)
     repeat = None
     context = set_spec.get("context")
+    # How much of its storage each sliced or expanded input reaches, as handed: after the call the
+    # whole stretch is read back, so a write between a slice's elements is seen as a write to it.
+    reaches = [(position, layout[3]) for position, layout in
+               enumerate(strided_layout(x) for x in flatten_tensors(inputs)) if layout is not None]
     try:
         fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
         # The mode switch runs inside the audited call: a module's property it reaches is audited.
@@ -282,6 +288,10 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     try:
         out_spec = pack(output, "out", out_tensors)
         in_spec = pack(inputs_after, "in", out_tensors)
+        after = flatten_tensors(inputs_after)
+        status["inputs_reach_after"] = {
+            str(position): pack(stored_stretch(after[position], span), f"reach.{position}", out_tensors)
+            for position, span in reaches}
         if repeat is not None:
             status["output_repeat"] = pack(repeat, "again", out_tensors)
     except TensorIOError as exc:
