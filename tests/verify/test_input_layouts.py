@@ -194,6 +194,36 @@ def test_varied_sets_keep_the_symmetry_and_triangles_drawn():
     assert not torch.equal(varied[0], varied[0].T)  # what the transform alone would have handed over
 
 
+def test_varied_sets_keep_integer_structure_symmetry_in_any_dimensions_and_a_repeated_tensor():
+    """The same holds for integer matrices (their sets flip signs element by element), for a batch
+    symmetric in its first two dimensions (pairwise values, ``D[i, j] == D[j, i]`` per channel) and
+    for one tensor passed twice (``[x, x]``: a kernel may load it once). A constant tensor is
+    symmetric in every pair of dimensions by no design and is left as varied."""
+    from extensions.verify.reference.variations import in_drawn_structure
+
+    counts = torch.randint(-50, 50, (6, 6))
+    counts = counts + counts.T
+    lower_counts = torch.tril(torch.randint(1, 9, (5, 5)))
+    pairwise = torch.rand(5, 5, 3)
+    pairwise = pairwise + pairwise.transpose(0, 1)
+    x = torch.rand(4, 7)
+    zeros = torch.zeros(3, 3)
+    drawn = [counts, lower_counts, pairwise, x, x, zeros]
+
+    def flip_signs(v):
+        return torch.where(torch.rand(v.shape) < 0.5, -v, v)
+
+    varied = [flip_signs(v) for v in drawn]
+    kept = in_drawn_structure(drawn, varied)
+    assert torch.equal(kept[0], kept[0].T) and torch.equal(torch.triu(kept[0]), torch.triu(varied[0]))
+    assert torch.equal(kept[1], torch.tril(varied[1]))
+    assert torch.equal(kept[2], kept[2].transpose(0, 1))
+    assert torch.equal(torch.triu(kept[2].permute(2, 0, 1)), torch.triu(varied[2].permute(2, 0, 1)))
+    assert kept[3] is varied[3] and kept[4] is kept[3] and not torch.equal(varied[4], varied[3])
+    assert kept[5] is varied[5]
+    assert not torch.equal(varied[0], varied[0].T)  # what the transform alone would have handed over
+
+
 def test_the_timer_runs_each_set_in_the_layout_it_was_judged_on():
     """The timer copies every set into fixed buffers; they keep a slice's and an expanded view's
     strides, storage offset and the values between the elements, so a kernel exact on the

@@ -215,36 +215,54 @@ def in_drawn_layouts(drawn: list, varied: list, between: list | None = None) -> 
 
 
 def in_drawn_structure(drawn: list, varied: list) -> list:
-    """``varied`` with the structure each drawn tensor holds exactly put back: symmetric in its
-    last two dimensions (``A == A.mT``), upper or lower triangular. A problem posed on symmetric or
-    triangular matrices (KernelBench's ``13_Matmul_for_symmetric_matrices``,
-    ``14_Matmul_for_upper_triangular_matrices``) is a function on those matrices only: a kernel
-    that reads A as its transpose, or skips the blocks that are zero, is right on every input the
-    problem has, and a value transform applied element by element (``±(x*a - b)``, a shift, an
-    offset) would hand it a matrix the problem never does. The transformed values are kept on and
-    above the diagonal and mirrored, or the other triangle set to zero."""
+    """``varied`` with the structure the drawn inputs hold exactly put back: a tensor symmetric in
+    two of its dimensions (``A == A.mT``, or ``A == A.transpose(0, 1)`` for a batch of pairwise
+    values), upper or lower triangular in its last two, and the same tensor passed twice
+    (``[x, x]``). A problem posed on such inputs (KernelBench's
+    ``13_Matmul_for_symmetric_matrices``, ``14_Matmul_for_upper_triangular_matrices``) is a
+    function on those inputs only: a kernel that reads A as its transpose, skips the blocks that
+    are zero, or loads x once for both arguments is right on every input the problem has, and a
+    value transform applied element by element (``±(x*a - b)``, a shift, an offset, signs for
+    integers) would hand it inputs the problem never does. The transformed values are kept on and
+    above the diagonal and mirrored, or the other triangle set to zero; the second of a tensor
+    passed twice gets the first one's values."""
     import torch
 
     if len(drawn) != len(varied):
         return varied
     shaped = []
-    for before, after in zip(drawn, varied):
-        if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and before.is_floating_point()
-                and after.shape == before.shape and before.dim() >= 2 and before.shape[-1] >= 2
-                and before.shape[-2] >= 2 and after is not before):
-            square = before.shape[-1] == before.shape[-2]
-            upper = torch.equal(before, torch.triu(before))
-            lower = torch.equal(before, torch.tril(before))
-            if square and not (upper or lower) and torch.equal(before, before.mT):
-                after = torch.triu(after) + torch.triu(after, 1).mT
-            if upper and lower and bool(before.any()):  # diagonal
-                after = torch.tril(torch.triu(after))
-            elif upper and not lower:
-                after = torch.triu(after)
-            elif lower and not upper:
-                after = torch.tril(after)
+    for position, (before, after) in enumerate(zip(drawn, varied)):
+        if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after is not before:
+            first = next(i for i, earlier in enumerate(drawn) if earlier is before)
+            if first < position:
+                after = shaped[first]
+            elif after.shape == before.shape and before.dtype != torch.bool:
+                after = _in_drawn_matrix_structure(before, after)
         shaped.append(after)
     return shaped
+
+
+def _in_drawn_matrix_structure(before, after):
+    """``after`` with ``before``'s symmetry in any two dimensions and its triangle in the last two."""
+    import torch
+
+    if before.dim() < 2 or before.numel() < 4 or bool((before == before.reshape(-1)[0]).all()):
+        return after  # a constant tensor is symmetric in every pair of dimensions by no design
+    if before.shape[-1] >= 2 and before.shape[-2] >= 2:
+        upper = torch.equal(before, torch.triu(before))
+        lower = torch.equal(before, torch.tril(before))
+        if upper and lower:  # diagonal
+            return torch.tril(torch.triu(after))
+        if upper or lower:
+            return torch.triu(after) if upper else torch.tril(after)
+    for a in range(before.dim()):
+        for b in range(a + 1, before.dim()):
+            if before.shape[a] == before.shape[b] >= 2 and torch.equal(before, before.transpose(a, b)):
+                index = torch.arange(before.shape[a], device=after.device)
+                rows = index.view([-1 if d == a else 1 for d in range(before.dim())])
+                cols = index.view([-1 if d == b else 1 for d in range(before.dim())])
+                after = torch.where(rows <= cols, after, after.transpose(a, b))
+    return after
 
 
 def with_zeros(x):
