@@ -172,6 +172,25 @@ def resident_kb(pids: Iterable[int]) -> int:
     return max(total, peak)
 
 
+def runqueue_wait_s(pids: Iterable[int]) -> float:
+    """Seconds the processes' threads spent ready to run but waiting for a CPU (the second field
+    of ``/proc/<pid>/task/<tid>/schedstat``): what a loaded machine took from them. 0 where the
+    kernel keeps no such counts."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                    total += int(handle.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
+
+
 def _signal_all(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:

@@ -149,8 +149,10 @@ class CandidateRun:
                      f"more than {self.proc.memory_limit_kb >> 10} MB of host memory; killed")
                 self.result.details["memory_exceeded"] = True
             elif self.proc.timed_out:
-                fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s")
+                starved = f" (and {self.proc.starved_s:.0f}s waiting for a CPU)" if self.proc.starved_s >= 1 else ""
+                fail(self.result, phase, "timeout", f"after {self.config.timeout_s:g}s{starved}")
                 self.result.details["timed_out"] = True
+                self.result.details["starved_s"] = round(self.proc.starved_s, 1)
             elif self.proc.stopped_server:
                 self.proc.finish(time.monotonic() + 5)
                 fail(self.result, phase, "crashed", "stopped the process it was forked from")
