@@ -172,6 +172,27 @@ def test_a_reused_slice_takes_the_next_sets_memory_between_its_elements():
     assert into_previous_tensors(spaced_apart([torch.randn(6, 9)[:, 1:-1]], "cpu"), elsewhere) is elsewhere
 
 
+def test_the_memory_around_handed_inputs_is_nan_or_data_and_checked_after_the_call():
+    """Every handed input sits between gaps: all-ones bytes (NaN) on even sets, values drawn from
+    the input beside them on odd ones, so the element past an input's end tells no kernel that it
+    is being judged; a write into a gap is seen after the call."""
+    from extensions.verify.sandboxed.handed_files import _PLACEMENTS, fill_gaps, gaps_intact
+
+    sliced, counts = torch.randn(6, 9)[:, 1:], torch.arange(1, 11, dtype=torch.int32)
+    placed = spaced_apart([sliced, counts], "cpu")
+    nan_gaps = fill_gaps(placed, data_like=False)
+    assert nan_gaps and all(bool((region == 255).all()) for region, _ in nan_gaps)
+    data_gaps = fill_gaps(placed, data_like=True)
+    assert gaps_intact(data_gaps)
+    gap_after_slice = data_gaps[1][0].view(torch.float32)  # between the slice and the counts
+    assert bool(torch.isin(gap_after_slice, _reach(sliced)).all())
+    assert bool(torch.isin(data_gaps[-1][0].view(torch.int32), counts).all())
+    region = data_gaps[1][0]
+    region[0] ^= 1  # what a kernel storing just past the slice's last element does
+    assert not gaps_intact(data_gaps)
+    assert _PLACEMENTS[id(placed[0])] is _PLACEMENTS[id(placed[1])]
+
+
 def test_varied_sets_keep_the_symmetry_and_triangles_drawn():
     """Problems posed on symmetric or triangular matrices are functions on those matrices: a value
     transform applied element by element must not hand a kernel that relies on it (reads A as A^T,

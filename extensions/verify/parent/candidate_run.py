@@ -282,7 +282,8 @@ class CandidateRun:
             fail(result, label, "bad_output", f"unreadable output ({type(exc).__name__})")
             return False
         inputs_before = unpack(set_info["inputs"], self.prepared.inputs, layouts=True)
-        if not inputs_unchanged(inputs_after, inputs_before) or not self._reaches_unchanged(set_info, status, tensors):
+        if (not inputs_unchanged(inputs_after, inputs_before) or not self._reaches_unchanged(set_info, status, tensors)
+                or status.get("wrote_beside_inputs")):
             add_flags(result, ["mutated_inputs"])
             fail(result, label, "mutated_inputs", "forward modified its inputs")
             return False

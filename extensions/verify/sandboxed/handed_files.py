@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import weakref
 from typing import Any
 
 CANDIDATE_FILE = "candidate.py"
@@ -82,7 +83,70 @@ def take_handed(stem: str, device: str, hashes: list[str]) -> tuple[list, dict]:
 # Each input owns a storage of its own bytes (storage offset 0, as a fresh tensor): a view into
 # the buffer would tell a kernel that it is being judged (``x.storage_offset() > 0``), and one
 # right only then passed.
+# All-ones bytes are also a tell of their own: a kernel that reads the element before or after its
+# input finds NaN only when judged. So every other set has the gaps filled with values drawn from
+# the input beside them instead (``fill_gaps``), and a kernel right only beside NaN, or only
+# beside data, fails one of them. After each call the gaps must be as filled: a write there is a
+# write into the caller's memory around its tensor (``gaps_intact``).
 _GAP_BLOCK = 512
+
+
+class _Placement:
+    """The buffer one set's inputs were placed in, and its gaps: ``(start, end, values)`` in bytes,
+    with the host values of the input beside each gap (the one before it; the first input for the
+    first gap) that a data-like fill draws from."""
+
+    def __init__(self, buffer, gaps: list):
+        self.buffer, self.gaps = buffer, gaps
+
+
+# The placement of every placed tensor still alive, by the tensor's id (dropped when it dies).
+_PLACEMENTS: dict[int, _Placement] = {}
+
+
+def _register(view, placement: _Placement) -> None:
+    key = id(view)
+    _PLACEMENTS[key] = placement
+    weakref.finalize(view, _PLACEMENTS.pop, key, None)
+
+
+def _byte_region(buffer, start: int, end: int, device: str):
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(buffer[start:end])
+
+
+def fill_gaps(values: Any, data_like: bool) -> list:
+    """Fills the gaps around the placed tensors of ``values`` for the next call: all-ones bytes,
+    or (``data_like``) elements drawn from the input beside each gap. Returns each gap with its
+    contents, for ``gaps_intact``."""
+    import torch
+
+    from extensions.timing.tensors import flatten_tensors
+
+    placements = {id(p): p for p in (_PLACEMENTS.get(id(t)) for t in flatten_tensors(values)) if p is not None}
+    filled = []
+    for placement in placements.values():
+        device = placement.buffer.device.type
+        for start, end, source in placement.gaps:
+            region = _byte_region(placement.buffer, start, end, device)
+            pool = source.reshape(-1)
+            if not data_like or pool.numel() == 0 or (end - start) % pool.element_size():
+                region.fill_(255)
+            elif pool.dtype == torch.bool:
+                region.copy_(torch.randint(0, 2, (end - start,), dtype=torch.uint8))
+            else:
+                elements = region.view(pool.dtype)
+                elements.copy_(pool[torch.randint(0, pool.numel(), (elements.numel(),))])
+            filled.append((region, region.clone()))
+    return filled
+
+
+def gaps_intact(filled: list) -> bool:
+    """Whether every gap ``fill_gaps`` filled still holds what it was filled with."""
+    import torch
+
+    return all(torch.equal(region, expected) for region, expected in filled)
 
 
 def spaced_apart(values: list, device: str) -> list:
@@ -105,6 +169,13 @@ def spaced_apart(values: list, device: str) -> list:
         end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
     end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
     buffer = torch.full((end,), 255, dtype=torch.uint8, device=device).untyped_storage()
+    gaps, previous_end = [], 0
+    for index, (tensor, (offset, size, layout)) in enumerate(zip(tensors, slots)):
+        beside = tensors[max(index - 1, 0)]
+        gaps.append((previous_end, offset, _stored_values(beside, slots[max(index - 1, 0)][2])))
+        previous_end = offset + size
+    gaps.append((previous_end, end, _stored_values(tensors[-1], slots[-1][2])))
+    placement = _Placement(buffer, [gap for gap in gaps if gap[1] > gap[0]])
     placed = {}
     for tensor, (offset, size, layout) in zip(tensors, slots):
         # A slice of a storage is a storage of its own that keeps the buffer alive.
@@ -122,7 +193,15 @@ def spaced_apart(values: list, device: str) -> list:
                 view.as_strided(tensor.shape, tensor.stride())
             view.copy_(tensor)
         placed[id(tensor)] = view
+        _register(view, placement)
     return map_tensors(values, lambda t: placed[id(t)])
+
+
+def _stored_values(tensor, layout):
+    """The values a placed tensor's storage holds (a strided view's whole stretch), flat."""
+    from ..common.tensor_io import stored_stretch
+
+    return stored_stretch(tensor, layout[3]) if layout is not None else tensor.reshape(-1)
 
 
 def into_previous_tensors(previous: Any, inputs: Any) -> Any:

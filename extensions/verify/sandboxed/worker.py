@@ -38,7 +38,8 @@ import sys
 import traceback
 from typing import Any
 
-from .handed_files import CANDIDATE_FILE, AlteredFile, into_previous_tensors, read_checked, read_job, take_handed
+from .handed_files import (CANDIDATE_FILE, AlteredFile, fill_gaps, gaps_intact, into_previous_tensors, read_checked,
+                           read_job, take_handed)
 
 _PATHS = re.compile(r"(?:/[\w.\-+@]+)+/")
 # Every module of these packages that runs in the candidate's process is in the integrity snapshot.
@@ -241,6 +242,9 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     # whole stretch is read back, so a write between a slice's elements is seen as a write to it.
     reaches = [(position, layout[3]) for position, layout in
                enumerate(strided_layout(x) for x in flatten_tensors(inputs)) if layout is not None]
+    # The memory around the inputs: all-ones bytes on even sets, the neighbouring input's values
+    # on odd ones (neither is then a sign of being judged); checked after the call.
+    gaps = fill_gaps(inputs, data_like=index % 2 == 1)
     try:
         fresh = interpreter.fresh.during() if interpreter is not None else contextlib.nullcontext()
         # The mode switch runs inside the audited call: a module's property it reaches is audited.
@@ -269,6 +273,8 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
     finally:
         if interpreter is not None:
             interpreter.order.shuffled = False
+    if not gaps_intact(gaps):
+        status["wrote_beside_inputs"] = True
     input_storages = _storages(inputs_after)
     output_storages = _storages(output)
     if output_storages & input_storages:
