@@ -197,11 +197,21 @@ def spaced_apart(values: list, device: str) -> list:
     return map_tensors(values, lambda t: placed[id(t)])
 
 
+# How many of an input's values a gap's data-like fill draws from: a sample is kept, not the
+# host tensor, which would otherwise live on beside its copy on the device for the whole run.
+_GAP_POOL = 2048
+
+
 def _stored_values(tensor, layout):
-    """The values a placed tensor's storage holds (a strided view's whole stretch), flat."""
+    """A sample of the values a placed tensor's storage holds (a strided view's whole stretch)."""
+    import torch
+
     from ..common.tensor_io import stored_stretch
 
-    return stored_stretch(tensor, layout[3]) if layout is not None else tensor.reshape(-1)
+    values = stored_stretch(tensor, layout[3]) if layout is not None else tensor.reshape(-1)
+    if values.numel() <= _GAP_POOL:
+        return values.clone()
+    return values[torch.randint(0, values.numel(), (_GAP_POOL,))]
 
 
 def into_previous_tensors(previous: Any, inputs: Any) -> Any:
