@@ -240,6 +240,42 @@ def test_the_detector_marks_jumps_only():
     assert ambiguous_outputs(fine_floor([x]), fine_floor, [x], None, 7, judging, 1.0, None) == (None, 1)
 
 
+def test_an_ill_conditioned_difference_is_never_ambiguous_where_the_model_runs_in_fp64():
+    """The fp32 runs' own rounding leaves a second difference of a few ulps of the large terms, so
+    without fp64 some draws of a cancelling difference get an element marked (one looser element,
+    in a problem that also runs a step somewhere); the fp64 pair confirms no jump there. A floor
+    still gets its unsure elements with the fp64 pair."""
+    judging = scaled_tolerances(reference_job(VerifierConfig(), "cpu")["tolerances"], 1.0)
+
+    def cancelling(inputs):
+        return inputs[0] - inputs[1]
+
+    def cancelling_wide(inputs):
+        return (inputs[0].double() - inputs[1].double()).float()
+
+    marked_fp32, marked_fp64 = 0, 0
+    for draw in range(40):
+        big = torch.rand(4096, generator=torch.Generator().manual_seed(500 + draw)) * 1e4 + 1e4
+        near = big * (1 + 1e-7)
+        out, wide = cancelling([big, near]), cancelling_wide([big, near])
+        marked_fp32 += ambiguous_outputs(out, cancelling, [big, near], wide, draw, judging, 1.0, None) != (None, 0)
+        marked_fp64 += ambiguous_outputs(out, cancelling, [big, near], wide, draw, judging, 1.0, None,
+                                         cancelling_wide) != (None, 0)
+    assert marked_fp32 > 0 and marked_fp64 == 0
+
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(14)) * 0.9 + 1.05
+    x[:3] = torch.tensor([1.0, 2.0, 3.0])
+
+    def floor(inputs):
+        return torch.floor(inputs[0])
+
+    def floor_wide(inputs):
+        return torch.floor(inputs[0].double()).float()
+
+    ambiguous, over = ambiguous_outputs(floor([x]), floor, [x], floor_wide([x]), 1234, judging, 1.0, None, floor_wide)
+    assert over == 0 and set(ambiguous[0].tolist()) == {0, 1, 2}
+
+
 def test_the_step_watch_sees_steps_and_nothing_else():
     x, y = torch.rand(8), torch.rand(8)
     steps = [lambda: torch.floor(x), lambda: torch.div(x, y, rounding_mode="trunc"), lambda: (x > y).float(),

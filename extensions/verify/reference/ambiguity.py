@@ -12,9 +12,14 @@ Used by the builder (``builder.py``), in the trusted reference process only. Whe
 forward runs a step operator (``step_watch``), the fp32 reference is run again on its inputs times
 (1 + d u) and (1 - d u), u uniform in [-1, 1] per element, for a few magnitudes d around 1e-6..1e-5
 (``PERTURBATIONS``). An element is ambiguous where one side of such a pair jumps and the other does
-not: ``|f(x + h) + f(x - h) - 2 f(x)|`` beyond the element's tolerance. A continuous output, however
-ill-conditioned, moves by about the same amount both ways and is never ambiguous; an integer or
-bool output is ambiguous wherever a perturbed run changes it. At an ambiguous element the parent
+not: ``|f(x + h) + f(x - h) - 2 f(x)|`` beyond the element's tolerance. A continuous output moves by
+about the same amount both ways; an integer or bool output is ambiguous wherever a perturbed run
+changes it. An ill-conditioned continuous output (a difference of two large, nearly equal numbers)
+is the exception: the fp32 runs' own rounding (of the perturbed inputs and of the forward) leaves a
+second difference of a few ulps of the large terms, beyond the tolerance of the small result. So
+where the model runs in fp64, a float element counts only where the same pair, drawn in fp64 and
+run in fp64, jumps too (a step is the function's, not the precision's), or where the fp32 and fp64
+references themselves differ beyond the tolerance (fp32 rounding crossed the step). At an ambiguous element the parent
 accepts any of the values the reference gave there (the fp32 run, the fp64 run, each perturbed
 run); everywhere else the comparison is unchanged. More ambiguous elements than
 ``compare.ambiguous_limit`` allows in one output and none are kept: a reference that cannot decide
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ..common.compare import ambiguous_limit, tolerances
+from ..common.compare import ambiguous_limit
 from ..common.tensor_io import map_tensors
 
 # aten operators (name parts, in-place forms included) whose output jumps where the argument
@@ -71,9 +76,10 @@ def _is_step(func, args, kwargs, result) -> bool:
     return floating_in and integral_out
 
 
-def perturbed_inputs(inputs: list, scale: float, seed: int) -> list[list]:
+def perturbed_inputs(inputs: list, scale: float, seed: int, wide: bool = False) -> list[list]:
     """``inputs`` with every floating-point tensor times (1 + scale u) and (1 - scale u), u uniform
-    in [-1, 1] per element, drawn from ``seed`` (the batch's secret): the pair of input lists."""
+    in [-1, 1] per element, drawn from ``seed`` (the batch's secret): the pair of input lists.
+    ``wide``: the same pair kept in fp64 (not rounded back to the inputs' dtypes)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -81,8 +87,9 @@ def perturbed_inputs(inputs: list, scale: float, seed: int) -> list[list]:
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             u = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1).to(value.device)
-            plus.append((value.double() * (1 + scale * u)).to(value.dtype))
-            minus.append((value.double() * (1 - scale * u)).to(value.dtype))
+            dtype = torch.float64 if wide else value.dtype
+            plus.append((value.double() * (1 + scale * u)).to(dtype))
+            minus.append((value.double() * (1 - scale * u)).to(dtype))
         else:
             plus.append(value)
             minus.append(value)
@@ -90,12 +97,15 @@ def perturbed_inputs(inputs: list, scale: float, seed: int) -> list[list]:
 
 
 def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide: Any, seed: int,
-                      judging, atol_scale: float, slack: Any) -> tuple[Any, int]:
+                      judging, atol_scale: float, slack: Any,
+                      rerun_wide: Optional[Callable[[list], Any]] = None) -> tuple[Any, int]:
     """The ambiguous elements of each tensor of ``out`` (the fp32 reference on ``inputs``):
     ``(flat indices int64, alternatives)`` per tensor, the alternatives ``[n, k]`` in the output's
     dtype, column 0 the reference's own value; None for a tensor with none or with more than
     ``ambiguous_limit``. ``rerun(inputs)`` is the fp32 model on other inputs; ``wide`` the fp64
-    run cast to the output's dtypes (None: none). Also returns how many tensors had too many."""
+    run cast to the output's dtypes (None: none); ``rerun_wide(inputs)`` the fp64 model on other
+    (fp64) inputs, cast alike (None, or failing: float elements are decided by the fp32 runs
+    alone). Also returns how many tensors had too many."""
     import torch
 
     from extensions.timing.tensors import flatten_tensors
@@ -109,6 +119,7 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
         with torch.no_grad():
             pairs.append((flatten_tensors(rerun(plus)), flatten_tensors(rerun(minus))))
     wides = flatten_tensors(wide) if wide is not None else []
+    wide_pairs = _wide_pairs(rerun_wide, inputs, seed) if rerun_wide is not None and wides else []
     slacks = _tensor_places(slack) if slack is not None else []
     entries = []
     for position, ref in enumerate(references):
@@ -120,6 +131,14 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
             continue
         own_slack = slacks[position] if len(slacks) == len(references) else None
         unsettled = _unsettled(ref, runs, judging, atol_scale, own_slack)
+        if ref.is_floating_point() and position < len(wides) and wides[position].shape == ref.shape:
+            wide_runs = [(p[position], m[position]) for p, m in wide_pairs
+                         if position < min(len(p), len(m))
+                         and p[position].shape == ref.shape == m[position].shape]
+            if wide_pairs and len(wide_runs) == len(wide_pairs):
+                wide_ref = wides[position].to(ref.dtype).to(ref.device)
+                unsettled &= (_unsettled(wide_ref, wide_runs, judging, atol_scale, own_slack)
+                              | _apart(ref, wide_ref, judging, atol_scale, own_slack))
         count = int(unsettled.sum())
         if count == 0 or count > ambiguous_limit(ref.numel()):
             over_cap += count > 0
@@ -140,6 +159,43 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
         return None, over_cap
     pieces = iter(entries)
     return map_tensors(out, lambda _tensor: next(pieces)), over_cap
+
+
+def _wide_pairs(rerun_wide: Callable[[list], Any], inputs: list, seed: int) -> list:
+    """The fp64 model on each perturbed pair drawn as ``ambiguous_outputs`` draws it (same seeds),
+    kept in fp64; [] where the fp64 model fails on one."""
+    import torch
+
+    from extensions.timing.tensors import flatten_tensors
+
+    pairs = []
+    try:
+        for i, scale in enumerate(PERTURBATIONS):
+            plus, minus = perturbed_inputs(inputs, scale, seed + i, wide=True)
+            with torch.no_grad():
+                pairs.append((flatten_tensors(rerun_wide(plus)), flatten_tensors(rerun_wide(minus))))
+    except Exception:  # noqa: BLE001 - an op without fp64: the fp32 runs decide alone
+        return []
+    return pairs
+
+
+def _bound(ref, judging, atol_scale: float, slack: Optional[Any]):
+    """Each element's tolerance: atol (scaled) + rtol |ref|, plus its rounding slack."""
+    from ..common.compare import tolerances
+
+    atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), judging)
+    bound = atol * max(1.0, atol_scale) + rtol * ref.double().abs()
+    if slack is not None and slack.shape == ref.shape:
+        bound = bound + slack.double().abs().to(ref.device)
+    return bound
+
+
+def _apart(ref, other, judging, atol_scale: float, slack: Optional[Any]):
+    """Where two finite runs of one output differ beyond the element's tolerance."""
+    import torch
+
+    r, o = ref.double(), other.double()
+    return torch.isfinite(r) & torch.isfinite(o) & ((r - o).abs() > _bound(ref, judging, atol_scale, slack))
 
 
 def _tensor_places(value: Any) -> list:
@@ -164,11 +220,8 @@ def _unsettled(ref, runs: list, judging, atol_scale: float, slack: Optional[Any]
         for plus, minus in runs:
             unsettled |= (plus != ref) | (minus != ref)
         return unsettled
-    atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), judging)
     r = ref.double()
-    bound = atol * max(1.0, atol_scale) + rtol * r.abs()
-    if slack is not None and slack.shape == ref.shape:
-        bound = bound + slack.double().abs().to(ref.device)
+    bound = _bound(ref, judging, atol_scale, slack)
     finite = torch.isfinite(r)
     unsettled = torch.zeros(ref.shape, dtype=torch.bool, device=ref.device)
     for plus, minus in runs:

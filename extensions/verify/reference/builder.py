@@ -834,9 +834,13 @@ class ReferenceBuilder:
             self.steps[init_index] = watch.seen
         if not self.steps[init_index]:
             return None
+        def rerun_wide(varied: list) -> Any:
+            return like(self._fp64(init_index, varied), out)
+
         try:
             ambiguous, _over_limit = ambiguous_outputs(out, rerun, inputs, wide, self.input_seed + 7919 * (index + 1),
-                                                       self.judging, atol_scale, slack)
+                                                       self.judging, atol_scale, slack,
+                                                       rerun_wide if wide is not None else None)
         except Exception as exc:  # noqa: BLE001 - a model that rejects perturbed inputs: compared as before
             self.skip("ambiguous elements", f"perturbed reference failed ({type(exc).__name__})")
             return None
