@@ -58,6 +58,10 @@ class SpeedupReport:
     # parent compares it with its own reference output (the worker is not trusted with verdicts).
     last_input_index: Optional[int] = None
     last_output: Any = None
+    # Checked calls whose output disagreed with the reference's at a few elements only:
+    # ``(input index, per output tensor None or (flat indices, candidate values))``. The caller
+    # judges them (``measure_speedup``'s ``localise_outputs``); they void nothing here.
+    localised_mismatches: list = field(default_factory=list)
 
     def add_flag(self, flag: str) -> None:
         if flag not in self.flags:

@@ -21,6 +21,11 @@ from extensions.timing.tensors import flatten_tensors, held_elsewhere, plain_out
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
 # is never more lenient than correctness was, without the timer importing the verifier.
 OutputComparison = Callable[[Any, Any, Any], Any]
+# The caller's localisation of a disagreement: ``localise(candidate, reference, config)`` is, per
+# output tensor, the flat indices where the two disagree element by element (None where none),
+# or None when they disagree otherwise or at too many elements (the verifier's
+# ``disagreeing_elements``).
+OutputLocalisation = Callable[[Any, Any, Any], Optional[list]]
 
 # Bytes to write per flush when the device does not report its L2 size (covers H100/H200's 50 MB).
 FALLBACK_FLUSH_BYTES = 256 * 1024 * 1024
@@ -82,6 +87,17 @@ def _sliced_outputs_close(reference: Any, candidate: Any, config: Any, compare_o
         return isinstance(candidate, (list, tuple)) and len(candidate) == len(reference) and all(
             _sliced_outputs_close(r, c, config, compare_outputs) for r, c in zip(reference, candidate))
     return compare_outputs(candidate, reference, config) is None
+
+
+def _with_tensors(value: Any, tensors) -> Any:
+    """``value`` with its tensors, in ``flatten_tensors`` order, taken from the iterator ``tensors``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return next(tensors)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_tensors(v, tensors) for v in value)
+    return value
 
 
 def fingerprint(output: Any) -> list:
@@ -171,8 +187,6 @@ class _LiveInputs:
     """Fixed argument buffers that each input set is copied into before every timed call."""
 
     def __init__(self, input_sets: Sequence[Sequence[Any]]):
-        import torch
-
         if not input_sets:
             raise ValueError("timing needs at least one input set, got none")
         self.input_sets = [list(s) for s in input_sets]
@@ -230,11 +244,13 @@ class _LiveInputs:
 
 
 class _RunnerBase:
-    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison):
+    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison,
+                 localise: Optional[OutputLocalisation] = None):
         self.models = {REFERENCE: reference, CANDIDATE: candidate}
         self.inputs = _LiveInputs(input_sets)
         self.config = config
         self.compare_outputs = compare_outputs
+        self.localise = localise
         self._last: dict[str, Any] = {}
         self._prints: dict[str, list] = {}
         # Each role's output before the last, kept alive so its storage cannot be handed out again.
@@ -255,6 +271,37 @@ class _RunnerBase:
 
     def fingerprints_agree(self) -> bool:
         return fingerprints_close(self._prints[REFERENCE], self._prints[CANDIDATE], self.config)
+
+    def localised_disagreement(self) -> Optional[list]:
+        """Where the last outputs, which do not agree, disagree at a few elements only: per output
+        tensor None or (flat indices, the candidate's values there, on the host), when the
+        candidate's output with those elements taken from the reference's agrees under the full
+        comparison; else None. The reference's own ambiguous elements (a floor whose argument lies
+        within rounding of a step) disagree so; whether these are such elements is for the
+        caller to judge, which alone knows them."""
+        import torch
+
+        if self.localise is None:
+            return None
+        reference, candidate = self._last[REFERENCE], self._last[CANDIDATE]
+        places = self.localise(candidate, reference, self.config)
+        outputs, references = flatten_tensors(candidate), flatten_tensors(reference)
+        if places is None or len(places) != len(outputs) or len(outputs) != len(references):
+            return None
+        patched, finding = [], []
+        for out, ref, index in zip(outputs, references, places):
+            if index is None:
+                patched.append(out)
+                finding.append(None)
+                continue
+            flat = torch.Tensor.clone(out, memory_format=torch.contiguous_format).reshape(-1)
+            flat[index] = ref.reshape(-1)[index]
+            patched.append(flat.view(out.shape))
+            finding.append((index.to("cpu"), out.reshape(-1)[index].to("cpu")))
+        pieces = iter(patched)
+        if not outputs_close(reference, _with_tensors(candidate, pieces), self.config, self.compare_outputs):
+            return None
+        return finding
 
     def timers_intact(self) -> bool:
         return all(getattr(owner, name, None) is value for owner, name, value in self._timer_bindings)
@@ -337,10 +384,11 @@ class CudaTrialRunner(_RunnerBase):
     it finds some. The host interval cross-checks both.
     """
 
-    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison, device=None):
+    def __init__(self, reference, candidate, input_sets, config, compare_outputs: OutputComparison, device=None,
+                 localise: Optional[OutputLocalisation] = None):
         import torch
 
-        super().__init__(reference, candidate, input_sets, config, compare_outputs)
+        super().__init__(reference, candidate, input_sets, config, compare_outputs, localise)
         if device is None:
             device = next(
                 (x.device for x in self.inputs.input_sets[0] if isinstance(x, torch.Tensor) and x.is_cuda),

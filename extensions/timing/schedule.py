@@ -32,6 +32,9 @@ MIN_TRIALS_FLOOR = 3
 # more activity after the stream's end than the reference: enough to see a hider that hides in
 # some calls only, few enough to cost milliseconds.
 TRACED_CALLS = 8
+# Checked calls whose small element-wise disagreement is handed to the caller to judge; past
+# these, a disagreement counts as a mismatch (the caller reads each one's values).
+LOCALISED_MAX = 8
 
 
 class TimingError(RuntimeError):
@@ -185,6 +188,7 @@ class SpeedupScheduler:
         self.schedule_log: list[tuple[str, int]] = []  # (phase, input index) of every pair, for tests
         self._reused = 0
         self._mismatches = 0
+        self._localised: list = []
 
     # --- single pairs ---------------------------------------------------------------------------
 
@@ -207,6 +211,12 @@ class SpeedupScheduler:
             # Every timed call's output is checked: a fingerprint always, the full comparison on
             # the sampled pairs.
             agree = self.runner.outputs_agree() if check_outputs else _fingerprints_agree(self.runner)
+            if not agree and check_outputs and len(self._localised) < LOCALISED_MAX:
+                localise = getattr(self.runner, "localised_disagreement", None)
+                finding = localise() if localise is not None else None
+                if finding is not None:
+                    self._localised.append((index, finding))
+                    agree = True  # judged by the caller, which knows the reference's ambiguous elements
         except Exception as error:  # the model, not the timer, is at fault: say where it happened
             raise TimingError(f"{phase} pair on input set {index} failed: {type(error).__name__}: {error}") from error
         if timings[CANDIDATE].output_reused:
@@ -386,6 +396,8 @@ class SpeedupScheduler:
 
         report.details["output_reused_calls"] = self._reused
         report.details["output_mismatches"] = self._mismatches
+        report.details["output_localised_mismatches"] = len(self._localised)
+        report.localised_mismatches = list(self._localised)
         if self._reused:
             report.add_flag(flags.FLAG_OUTPUT_REUSED)
         if self._mismatches:

@@ -9,14 +9,17 @@ the reference might be unsure, still fail. A continuous problem gets no ambiguou
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from extensions.config import VerifierConfig
+from extensions.timing import measure_speedup
 from extensions.verify import VerifyRequest, verify_batch
-from extensions.verify.common.compare import AMBIGUOUS_MAX, ambiguous_limit, compare_outputs
-from extensions.verify.common.tensor_io import unpack
+from extensions.verify.common.compare import AMBIGUOUS_MAX, ambiguous_limit, compare_outputs, disagreeing_elements
+from extensions.verify.common.tensor_io import pack, unpack
+from extensions.verify.parent.candidate_run import CandidateRun
 from extensions.verify.parent.reference_data import draw_secret, reference_job
 from extensions.verify.reference.ambiguity import ambiguous_outputs, step_watch
 from extensions.verify.reference.builder import ReferenceBuilder
@@ -133,6 +136,58 @@ def test_a_reordered_floor_fails_without_the_rule_and_passes_with_it():
         assert compare_outputs(reordered, expected, config, ambiguous=(index, values)) is None, name
         # Off by a step anywhere else still fails.
         assert compare_outputs(torch.ceil(x * (y * 1.46)), expected, config, ambiguous=(index, values)) is not None
+
+
+def test_a_timed_call_off_only_where_the_reference_is_unsure_is_judged_by_the_parent():
+    """The timer compares each checked call with the reference model run beside it and knows no
+    ambiguous elements (they never reach the candidate's process): a small element-wise
+    disagreement is handed to the parent instead of flagged, and the parent accepts it only where
+    the set's verified answer, with its ambiguous elements, accepts the candidate's values."""
+    builder = _built(PLANTED_FLOOR)
+    chosen = _set(builder, "base")
+    x, y = unpack(chosen["inputs"], builder.tensors)
+
+    class Reference(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.floor(a * b * 1.46)
+
+    class Reordered(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.floor(a * (b * 1.46))
+
+    class Ceiling(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.ceil(a * (b * 1.46))
+
+    sets = [[x.clone(), y.clone()] for _ in range(3)]
+    config = VerifierConfig(timing_mode="counts", timing_num_warmup=1, timing_num_trials=4, timing_max_remeasure=0,
+                            timing_bootstrap_samples=50)
+    unlocalised = measure_speedup(Reference(), Reordered(), sets, config, compare_outputs=compare_outputs)
+    assert "output_mismatch_during_timing" in unlocalised.flags  # what the timer alone says
+    report = measure_speedup(Reference(), Reordered(), sets, config, compare_outputs=compare_outputs,
+                             localise_outputs=disagreeing_elements)
+    assert "output_mismatch_during_timing" not in report.flags and report.localised_mismatches
+    ceiling = measure_speedup(Reference(), Ceiling(), sets, config, compare_outputs=compare_outputs,
+                              localise_outputs=disagreeing_elements)
+    assert "output_mismatch_during_timing" in ceiling.flags and not ceiling.localised_mismatches
+
+    run = SimpleNamespace(prepared=SimpleNamespace(sets=[chosen], expected=builder.expected), config=VerifierConfig())
+
+    def judged(findings) -> bool:
+        tensors: dict = {}
+        entries = [{"set": 0, "places": pack(finding, f"localised{n}", tensors)} for n, finding in enumerate(findings)]
+        return CandidateRun._localised_mismatches_explained(run, entries, tensors)
+
+    findings = [finding for _, finding in report.localised_mismatches]
+    assert judged(findings)
+    (index, values), = findings[0]
+    assert not judged([[(index, values + 0.5)]])  # not a value the reference gave there
+    ambiguous_index, _ = unpack(chosen["ambiguous"], builder.expected)
+    sure = next(i for i in range(x.numel()) if i not in set(ambiguous_index.tolist()))
+    expected = unpack(chosen["expected"], builder.expected).reshape(-1)
+    assert not judged([[(torch.tensor([sure]), (expected[sure] + 1).reshape(1))]])  # off where the reference is sure
+    assert not judged([[(torch.tensor([x.numel()]), expected[:1])]])  # out of bounds
+    assert judged([[(torch.tensor([sure]), expected[sure].reshape(1))]])  # right by the verified answer
 
 
 def test_a_continuous_problem_has_no_ambiguous_elements():

@@ -172,6 +172,51 @@ def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0, slack
     return None
 
 
+def disagreeing_elements(candidate: Any, reference: Any, config) -> Optional[list]:
+    """Where two outputs of one structure disagree element by element (outside atol + rtol |ref|,
+    a NaN or infinity at another place, an integer that differs): per tensor of the output, the
+    flat indices (None where it has none). None when the structure, a shape or a dtype differs,
+    when nothing disagrees element-wise, or when a tensor has more than ``ambiguous_limit`` such
+    elements: only a disagreement small enough to be the reference's own ambiguous elements is
+    worth telling apart (``timing``'s localised mismatches, judged by the parent)."""
+    import torch
+
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            return [value]
+        if isinstance(value, (list, tuple)):
+            return [t for v in value for t in tensors(v)]
+        return []
+
+    cands, refs = tensors(candidate), tensors(reference)
+    if len(cands) != len(refs) or not refs:
+        return None
+    places, found = [], False
+    for out, ref in zip(cands, refs):
+        if tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
+            return None
+        flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
+        pieces = []
+        for begin in range(0, flat_ref.numel(), _CHUNK):
+            o, r = flat_out[begin:begin + _CHUNK], flat_ref[begin:begin + _CHUNK]
+            if o.dtype.is_floating_point:
+                atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
+                o64, r64 = o.double(), r.double()
+                finite = torch.isfinite(o64) & torch.isfinite(r64)
+                close = finite & ((o64 - r64).abs() <= atol + rtol * r64.abs())
+                same_non_finite = ~torch.isfinite(r64) & ((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
+                bad = ~(close | same_non_finite)
+            else:
+                bad = o != r
+            pieces.append(bad.nonzero().reshape(-1) + begin)
+        index = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+        if index.numel() > ambiguous_limit(flat_ref.numel()):
+            return None
+        found = found or index.numel() > 0
+        places.append(index if index.numel() else None)
+    return places if found else None
+
+
 # Elements per float64 slice: a full-size float64 copy of a 2^25-element output is 256 MB per
 # temporary, and the comparison makes several; slices this size stay in cache and reuse memory.
 _CHUNK = 1 << 20

@@ -19,14 +19,15 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Optional
 
+from extensions.timing.schedule import LOCALISED_MAX
 from extensions.timing.tensors import flatten_tensors
 
-from ..common.compare import compare_outputs, inputs_unchanged
+from ..common.compare import ambiguous_limit, compare_outputs, inputs_unchanged
 from ..common.judged_context import describe as describe_context
 from ..common.phases import PhaseClock, sanitize_phases
 from ..common.precision import TF32_HINT, dots_at_tf32
-from ..common.tensor_io import (TensorIOError, load_tensors, pack, stored_reaches, tensor_bytes, tensor_parts,
-                               unpack)
+from ..common.tensor_io import (TensorIOError, load_tensors, map_tensors, pack, stored_reaches, tensor_bytes,
+                               tensor_parts, unpack)
 from ..result import VerifyResult
 from ..reward import is_cheating
 from .launcher import write_private
@@ -235,6 +236,28 @@ class CandidateRun:
             self._note_reduced_size(f"the largest set run has {largest} input elements, the problem {own}: "
                                     "a kernel wrong only past that size is not seen on CPU")
 
+    def _localised_mismatches_explained(self, localised: list, tensors: dict) -> bool:
+        """Whether each timed call the worker found off the reference at a few elements only
+        (``timing``'s localised mismatches) is right by the set's verified answer: its elements
+        there, put into the expected output, pass the full comparison with the set's ambiguous
+        elements, where any value the reference itself gave is accepted. Elsewhere it agreed with
+        the reference run beside it."""
+        if not isinstance(localised, list) or len(localised) > LOCALISED_MAX:
+            return False
+        expected_tensors = self.prepared.expected
+        for entry in localised:
+            try:
+                timed_set = self.prepared.sets[int(entry["set"])]
+                expected = unpack(timed_set["expected"], expected_tensors)
+                rebuilt = _with_elements(expected, unpack(entry["places"], tensors))
+            except (TensorIOError, KeyError, IndexError, TypeError, ValueError):
+                return False
+            if compare_outputs(rebuilt, expected, self.config, atol_scale=timed_set.get("atol_scale", 1.0),
+                               slack=_slack(timed_set, expected_tensors),
+                               ambiguous=_ambiguous(timed_set, expected_tensors)) is not None:
+                return False
+        return True
+
     def _reaches_unchanged(self, set_info: dict, status: dict, tensors: dict) -> bool:
         """Whether every sliced or expanded input's stretch of storage, the memory between its
         elements included, is bitwise as it was handed: a write there is a write into the
@@ -355,11 +378,18 @@ class CandidateRun:
         result.timing = report
         add_flags(result, report.get("flags"))
         speedup = report.get("speedup")
-        if "last_output" in status:
-            set_index = int(status.get("last_set", -1))
+        localised = status.get("localised") or []
+        if "last_output" in status or localised:
             try:
                 tensors = load_tensors(self.proc.path("timing.safetensors"),
                                        max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
+            except (TensorIOError, OSError) as exc:
+                tensors = None
+                add_flags(result, ["memoized_output"])
+                fail(result, "timing", "bad_output", f"timed outputs unreadable ({type(exc).__name__})")
+        if "last_output" in status and tensors is not None:
+            set_index = int(status.get("last_set", -1))
+            try:
                 last = unpack(status["last_output"], tensors)
                 timed_set = self.prepared.sets[set_index]
                 expected = unpack(timed_set["expected"], self.prepared.expected)
@@ -371,12 +401,43 @@ class CandidateRun:
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
                 add_flags(result, ["memoized_output"])
                 fail(result, "timing", "bad_output", f"last output unreadable ({type(exc).__name__})")
+        if localised and tensors is not None and not self._localised_mismatches_explained(localised, tensors):
+            add_flags(result, ["output_mismatch_during_timing"])
+            fail(result, "timing", "mismatch",
+                 "a timed call's output differs from the reference where the reference is not in doubt")
         if isinstance(speedup, (int, float)) and speedup == speedup and speedup > 0:
             result.speedup = float(speedup)
             if result.speedup > cfg.speedup_review_bound:
                 add_flags(result, ["speedup_review"])
             if not is_cheating(result.flags) and result.stage == "full":
                 result.stage = "timing"
+
+
+def _with_elements(expected: Any, places: Any) -> Any:
+    """``expected`` with, per tensor, the elements at ``places``' flat indices set to its values
+    (a copy); raises ValueError for places that do not fit it."""
+    import torch
+
+    outputs = flatten_tensors(expected)
+    if not isinstance(places, (list, tuple)) or len(places) != len(outputs):
+        raise ValueError("localised places do not match the output")
+    rebuilt = []
+    for tensor, place in zip(outputs, places):
+        if place is None:
+            rebuilt.append(tensor)
+            continue
+        if not isinstance(place, (list, tuple)) or len(place) != 2:
+            raise ValueError("malformed localised place")
+        index, values = place
+        if (index.dtype != torch.int64 or index.dim() != 1 or values.shape != index.shape
+                or values.dtype != tensor.dtype or index.numel() > ambiguous_limit(tensor.numel())
+                or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= tensor.numel()))):
+            raise ValueError("localised place out of bounds")
+        flat = tensor.reshape(-1).clone()
+        flat[index] = values
+        rebuilt.append(flat.view(tensor.shape))
+    pieces = iter(rebuilt)
+    return map_tensors(expected, lambda _tensor: next(pieces))
 
 
 # Every candidate of a problem gets the same input files: their bytes and SHA-256 are made once per

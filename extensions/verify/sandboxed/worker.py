@@ -321,7 +321,7 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
     import torch
 
     from ...config.sections import VerifierConfig
-    from ..common.compare import compare_outputs
+    from ..common.compare import compare_outputs, disagreeing_elements
     from ..common.precision import restore
     from ..common.problem_sizes import load_problem
     from ..common.tensor_io import pack, save_tensors
@@ -341,17 +341,23 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
         indices = [int(i) for i in handed["sets"]]
         config = VerifierConfig(**job["timing"]["config"])
         reset = restore(backend)
-        report = measure_speedup(reference, model, input_sets, config, compare_outputs=compare_outputs)
+        report = measure_speedup(reference, model, input_sets, config, compare_outputs=compare_outputs,
+                                 localise_outputs=disagreeing_elements)
         data = report.to_dict()
         if reset:
             data.setdefault("details", {})["backend_settings_reset"] = reset
         result = {"report": json.loads(json.dumps(data, default=str))}
         last = getattr(report, "last_output", None)
         last_index = getattr(report, "last_input_index", None)
+        out_tensors: dict[str, Any] = {}
         if last is not None and last_index is not None:
-            out_tensors: dict[str, Any] = {}
             result["last_output"] = pack(last, "last", out_tensors)
             result["last_set"] = indices[int(last_index)]
+        # Disagreements at a few elements: the parent, which knows where the reference itself is
+        # unsure, accepts them there alone.
+        result["localised"] = [{"set": indices[int(index)], "places": pack(finding, f"localised{n}", out_tensors)}
+                               for n, (index, finding) in enumerate(report.localised_mismatches)]
+        if out_tensors:
             save_tensors("timing.safetensors", out_tensors)
         return result
     except AlteredFile as exc:
