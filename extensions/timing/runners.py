@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import flatten_tensors, held_elsewhere, plain_output, stored_stretch, view_span
+from extensions.timing.tensors import (flatten_tensors, held_elsewhere, map_tensors, plain_output, stored_stretch,
+                                       view_span)
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -87,17 +88,6 @@ def _sliced_outputs_close(reference: Any, candidate: Any, config: Any, compare_o
         return isinstance(candidate, (list, tuple)) and len(candidate) == len(reference) and all(
             _sliced_outputs_close(r, c, config, compare_outputs) for r, c in zip(reference, candidate))
     return compare_outputs(candidate, reference, config) is None
-
-
-def _with_tensors(value: Any, tensors) -> Any:
-    """``value`` with its tensors, in ``flatten_tensors`` order, taken from the iterator ``tensors``."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return next(tensors)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_with_tensors(v, tensors) for v in value)
-    return value
 
 
 def fingerprint(output: Any) -> list:
@@ -299,7 +289,8 @@ class _RunnerBase:
             patched.append(flat.view(out.shape))
             finding.append((index.to("cpu"), out.reshape(-1)[index].to("cpu")))
         pieces = iter(patched)
-        if not outputs_close(reference, _with_tensors(candidate, pieces), self.config, self.compare_outputs):
+        if not outputs_close(reference, map_tensors(candidate, lambda _tensor: next(pieces)), self.config,
+                             self.compare_outputs):
             return None
         return finding
 

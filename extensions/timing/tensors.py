@@ -34,6 +34,17 @@ def flatten_tensors(value: Any) -> list[Any]:
     return []
 
 
+def map_tensors(value: Any, fn) -> Any:
+    """``value`` with every tensor of a nested list or tuple replaced by ``fn(tensor)``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
 def own_tensor_types() -> tuple:
     """The tensor types whose methods are all torch's: ``torch.Tensor`` and ``nn.Parameter``."""
     import torch

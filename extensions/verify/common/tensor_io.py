@@ -218,17 +218,6 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layout
     raise TensorIOError(f"unknown value kind {kind!r}")
 
 
-def map_tensors(value: Any, fn) -> Any:
-    """``value`` with every tensor of a nested list or tuple replaced by ``fn(tensor)``."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(v, fn) for v in value)
-    return value
-
-
 # safetensors' names of the dtypes written by ``_safetensors_parts`` (others go through safetensors).
 _SAFETENSORS_DTYPES = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",

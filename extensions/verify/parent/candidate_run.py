@@ -20,14 +20,14 @@ from concurrent.futures import Future
 from typing import Any, Optional
 
 from extensions.timing.schedule import LOCALISED_MAX
-from extensions.timing.tensors import flatten_tensors
+from extensions.timing.tensors import flatten_tensors, map_tensors
 
 from ..common.compare import ambiguous_limit, compare_outputs, inputs_unchanged
 from ..common.judged_context import describe as describe_context
 from ..common.phases import PhaseClock, sanitize_phases
 from ..common.precision import TF32_HINT, dots_at_tf32
-from ..common.tensor_io import (TensorIOError, load_tensors, map_tensors, pack, stored_reaches, tensor_bytes,
-                               tensor_parts, unpack)
+from ..common.tensor_io import (TensorIOError, load_tensors, pack, stored_reaches, tensor_bytes, tensor_parts,
+                               unpack)
 from ..result import VerifyResult
 from ..reward import is_cheating
 from .launcher import write_private

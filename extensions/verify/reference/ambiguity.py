@@ -29,8 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from extensions.timing.tensors import map_tensors
+
 from ..common.compare import ambiguous_limit
-from ..common.tensor_io import map_tensors
 
 # aten operators (name parts, in-place forms included) whose output jumps where the argument
 # crosses a step; comparisons, casts to integers, argmax/argmin and sort indices are found by their

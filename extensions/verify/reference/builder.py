@@ -12,14 +12,14 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from extensions.timing.tensors import flatten_tensors
+from extensions.timing.tensors import flatten_tensors, map_tensors
 
 from ..common.judged_context import CONTEXTS, OWN_CONTEXT, as_dict, describe, judged_context
 from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from ..common.tensor_io import map_tensors, own_copy, pack
+from ..common.tensor_io import own_copy, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)

@@ -153,9 +153,9 @@ def spaced_apart(values: list, device: str) -> list:
     """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
     import torch
 
-    from extensions.timing.tensors import flatten_tensors
+    from extensions.timing.tensors import flatten_tensors, map_tensors
 
-    from ..common.tensor_io import map_tensors, memory_order, stored_stretch, strided_layout
+    from ..common.tensor_io import memory_order, stored_stretch, strided_layout
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
