@@ -26,7 +26,9 @@ Then the project's own stages on it:
                against the RL round; every model's answers and verdicts are saved beside them
 
 Every model is evaluated with the same seeds (each task's sampling seed comes from eval.seed and
-the task id). Each phase is sized to fit a 10-minute GPU call on its own.
+the task id). Each phase is sized to fit a 10-minute GPU call on its own, but for the data phase
+over the synthesized pairs (about 14 minutes of one H200): its verdicts are cached by content as
+they arrive, so the same command again continues where a cut left it.
 
 The settings are configs/learning-signal.yaml, the run a user makes with `./run_pipeline.sh
 --config configs/learning-signal.yaml`; this script adds the split, the run directory, the flags
