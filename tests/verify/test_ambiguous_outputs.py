@@ -190,6 +190,30 @@ def test_a_timed_call_off_only_where_the_reference_is_unsure_is_judged_by_the_pa
     assert judged([[(torch.tensor([sure]), expected[sure].reshape(1))]])  # right by the verified answer
 
 
+def test_disagreeing_elements_names_a_few_elements_or_nothing():
+    """Only a small element-wise disagreement is localised: NaN and infinity count by position,
+    integers exactly, and a structure, shape or dtype difference, or more elements than the cap,
+    is no localisation at all."""
+    config = VerifierConfig()
+    reference = torch.linspace(-1, 1, 4096)
+    reference[7], reference[9] = float("nan"), float("-inf")
+    candidate = reference.clone()
+    assert disagreeing_elements(candidate, reference, config) is None  # nothing to localise
+    candidate[3] += 1.0
+    candidate[9] = float("inf")
+    candidate[11] += 5e-5  # within atol + rtol |ref|
+    (index,) = disagreeing_elements(candidate, reference, config)
+    assert index.tolist() == [3, 9]
+    counts = torch.arange(4096)
+    off = counts.clone()
+    off[5] += 1
+    assert [None if i is None else i.tolist() for i in
+            disagreeing_elements((candidate, off), (reference, counts), config)] == [[3, 9], [5]]
+    assert disagreeing_elements(candidate[:-1], reference[:-1].double(), config) is None
+    assert disagreeing_elements((candidate,), (reference, counts), config) is None
+    assert disagreeing_elements(reference + 1, reference, config) is None  # past the cap
+
+
 def test_a_continuous_problem_has_no_ambiguous_elements():
     builder = _built(CONTINUOUS)
     assert builder.sets and not any("ambiguous" in s for s in builder.sets)
