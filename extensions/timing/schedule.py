@@ -32,8 +32,9 @@ MIN_TRIALS_FLOOR = 3
 # more activity after the stream's end than the reference: enough to see a hider that hides in
 # some calls only, few enough to cost milliseconds.
 TRACED_CALLS = 8
-# Checked calls whose small element-wise disagreement is handed to the caller to judge; past
-# these, a disagreement counts as a mismatch (the caller reads each one's values).
+# Distinct small element-wise disagreements (set, elements, values) handed to the caller to judge;
+# past these, a new one counts as a mismatch (the caller reads each one's values). A call that
+# repeats a kept one on its set is judged with it.
 LOCALISED_MAX = 8
 
 
@@ -211,12 +212,17 @@ class SpeedupScheduler:
             # Every timed call's output is checked: a fingerprint always, the full comparison on
             # the sampled pairs.
             agree = self.runner.outputs_agree() if check_outputs else _fingerprints_agree(self.runner)
-            if not agree and check_outputs and len(self._localised) < LOCALISED_MAX:
+            if not agree and check_outputs:
                 localise = getattr(self.runner, "localised_disagreement", None)
                 finding = localise() if localise is not None else None
-                if finding is not None:
-                    self._localised.append((index, finding))
-                    agree = True  # judged by the caller, which knows the reference's ambiguous elements
+                if finding is not None and not any(seen == index and _same_finding(kept, finding)
+                                                   for seen, kept in self._localised):
+                    finding = finding if len(self._localised) < LOCALISED_MAX else None
+                    if finding is not None:
+                        self._localised.append((index, finding))
+                # Judged by the caller, which knows the reference's ambiguous elements (a call
+                # that repeats a kept finding on the same set is judged with it).
+                agree = finding is not None
         except Exception as error:  # the model, not the timer, is at fault: say where it happened
             raise TimingError(f"{phase} pair on input set {index} failed: {type(error).__name__}: {error}") from error
         if timings[CANDIDATE].output_reused:
@@ -422,6 +428,20 @@ def _no_other_stream(traced: Optional[dict]) -> bool:
 
 def _even(count: int) -> int:
     return count + count % 2
+
+
+def _same_finding(kept: list, finding: list) -> bool:
+    """Whether two localised disagreements name the same elements with the same values."""
+    import torch
+
+    if len(kept) != len(finding):
+        return False
+    for a, b in zip(kept, finding):
+        if (a is None) != (b is None):
+            return False
+        if a is not None and not (torch.equal(a[0], b[0]) and a[1].dtype == b[1].dtype and torch.equal(a[1], b[1])):
+            return False
+    return True
 
 
 def _fingerprints_agree(runner: TrialRunner) -> bool:
