@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import (flatten_tensors, held_elsewhere, map_tensors, plain_output, stored_stretch,
-                                       view_span)
+from extensions.timing.tensors import (flatten_tensors, held_elsewhere, plain_output, stored_stretch, view_span,
+                                       with_elements)
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -269,8 +269,6 @@ class _RunnerBase:
         comparison; else None. The reference's own ambiguous elements (a floor whose argument lies
         within rounding of a step) disagree so; whether these are such elements is for the
         caller to judge, which alone knows them."""
-        import torch
-
         if self.localise is None:
             return None
         reference, candidate = self._last[REFERENCE], self._last[CANDIDATE]
@@ -278,21 +276,12 @@ class _RunnerBase:
         outputs, references = flatten_tensors(candidate), flatten_tensors(reference)
         if places is None or len(places) != len(outputs) or len(outputs) != len(references):
             return None
-        patched, finding = [], []
-        for out, ref, index in zip(outputs, references, places):
-            if index is None:
-                patched.append(out)
-                finding.append(None)
-                continue
-            flat = torch.Tensor.clone(out, memory_format=torch.contiguous_format).reshape(-1)
-            flat[index] = ref.reshape(-1)[index]
-            patched.append(flat.view(out.shape))
-            finding.append((index.to("cpu"), out.reshape(-1)[index].to("cpu")))
-        pieces = iter(patched)
-        if not outputs_close(reference, map_tensors(candidate, lambda _tensor: next(pieces)), self.config,
-                             self.compare_outputs):
+        from_reference = [None if index is None else (index, ref.reshape(-1)[index])
+                          for ref, index in zip(references, places)]
+        if not outputs_close(reference, with_elements(candidate, from_reference), self.config, self.compare_outputs):
             return None
-        return finding
+        return [None if index is None else (index.to("cpu"), out.reshape(-1)[index].to("cpu"))
+                for out, index in zip(outputs, places)]
 
     def timers_intact(self) -> bool:
         return all(getattr(owner, name, None) is value for owner, name, value in self._timer_bindings)

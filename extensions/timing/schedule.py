@@ -217,9 +217,10 @@ class SpeedupScheduler:
                 finding = localise() if localise is not None else None
                 if finding is not None and not any(seen == index and _same_finding(kept, finding)
                                                    for seen, kept in self._localised):
-                    finding = finding if len(self._localised) < LOCALISED_MAX else None
-                    if finding is not None:
+                    if len(self._localised) < LOCALISED_MAX:
                         self._localised.append((index, finding))
+                    else:
+                        finding = None
                 # Judged by the caller, which knows the reference's ambiguous elements (a call
                 # that repeats a kept finding on the same set is judged with it).
                 agree = finding is not None

@@ -45,6 +45,25 @@ def map_tensors(value: Any, fn) -> Any:
     return value
 
 
+def with_elements(value: Any, places: list) -> Any:
+    """``value`` with, per tensor (``flatten_tensors`` order), the elements at flat indices set:
+    ``places`` holds None (the tensor as it is) or ``(flat indices, values)`` for each tensor, and
+    each such tensor becomes a contiguous copy with those values there."""
+    import torch
+
+    rebuilt = []
+    for tensor, place in zip(flatten_tensors(value), places):
+        if place is None:
+            rebuilt.append(tensor)
+            continue
+        index, values = place
+        flat = torch.Tensor.clone(tensor, memory_format=torch.contiguous_format).reshape(-1)
+        flat[index] = values
+        rebuilt.append(flat.view(tensor.shape))
+    pieces = iter(rebuilt)
+    return map_tensors(value, lambda _tensor: next(pieces))
+
+
 def own_tensor_types() -> tuple:
     """The tensor types whose methods are all torch's: ``torch.Tensor`` and ``nn.Parameter``."""
     import torch

@@ -181,26 +181,21 @@ def disagreeing_elements(candidate: Any, reference: Any, config) -> Optional[lis
     worth telling apart (``timing``'s localised mismatches, judged by the parent)."""
     import torch
 
-    def tensors(value):
-        if isinstance(value, torch.Tensor):
-            return [value]
-        if isinstance(value, (list, tuple)):
-            return [t for v in value for t in tensors(v)]
-        return []
+    from extensions.timing.tensors import flatten_tensors
 
-    cands, refs = tensors(candidate), tensors(reference)
+    cands, refs = flatten_tensors(candidate), flatten_tensors(reference)
     if len(cands) != len(refs) or not refs:
         return None
     places, found = [], False
     for out, ref in zip(cands, refs):
         if tuple(out.shape) != tuple(ref.shape) or out.dtype != ref.dtype:
             return None
+        atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
         flat_out, flat_ref = out.detach().reshape(-1), ref.detach().reshape(-1)
         pieces = []
         for begin in range(0, flat_ref.numel(), _CHUNK):
             o, r = flat_out[begin:begin + _CHUNK], flat_ref[begin:begin + _CHUNK]
             if o.dtype.is_floating_point:
-                atol, rtol = tolerances(str(ref.dtype).replace("torch.", ""), config)
                 o64, r64 = o.double(), r.double()
                 finite = torch.isfinite(o64) & torch.isfinite(r64)
                 close = finite & ((o64 - r64).abs() <= atol + rtol * r64.abs())

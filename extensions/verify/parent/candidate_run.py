@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Optional
 
 from extensions.timing.schedule import LOCALISED_MAX
-from extensions.timing.tensors import flatten_tensors, map_tensors
+from extensions.timing.tensors import flatten_tensors, with_elements
 
 from ..common.compare import ambiguous_limit, compare_outputs, inputs_unchanged
 from ..common.judged_context import describe as describe_context
@@ -379,12 +379,12 @@ class CandidateRun:
         add_flags(result, report.get("flags"))
         speedup = report.get("speedup")
         localised = status.get("localised") or []
+        tensors = None
         if "last_output" in status or localised:
             try:
                 tensors = load_tensors(self.proc.path("timing.safetensors"),
                                        max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
             except (TensorIOError, OSError) as exc:
-                tensors = None
                 add_flags(result, ["memoized_output"])
                 fail(result, "timing", "bad_output", f"timed outputs unreadable ({type(exc).__name__})")
         if "last_output" in status and tensors is not None:
@@ -415,16 +415,15 @@ class CandidateRun:
 
 def _with_elements(expected: Any, places: Any) -> Any:
     """``expected`` with, per tensor, the elements at ``places``' flat indices set to its values
-    (a copy); raises ValueError for places that do not fit it."""
+    (``timing.tensors.with_elements``), once the worker's places are checked to fit it; raises
+    ValueError where they do not."""
     import torch
 
     outputs = flatten_tensors(expected)
     if not isinstance(places, (list, tuple)) or len(places) != len(outputs):
         raise ValueError("localised places do not match the output")
-    rebuilt = []
     for tensor, place in zip(outputs, places):
         if place is None:
-            rebuilt.append(tensor)
             continue
         if not isinstance(place, (list, tuple)) or len(place) != 2:
             raise ValueError("malformed localised place")
@@ -433,11 +432,7 @@ def _with_elements(expected: Any, places: Any) -> Any:
                 or values.dtype != tensor.dtype or index.numel() > ambiguous_limit(tensor.numel())
                 or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= tensor.numel()))):
             raise ValueError("localised place out of bounds")
-        flat = tensor.reshape(-1).clone()
-        flat[index] = values
-        rebuilt.append(flat.view(tensor.shape))
-    pieces = iter(rebuilt)
-    return map_tensors(expected, lambda _tensor: next(pieces))
+    return with_elements(expected, list(places))
 
 
 # Every candidate of a problem gets the same input files: their bytes and SHA-256 are made once per

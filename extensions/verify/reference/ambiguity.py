@@ -19,8 +19,8 @@ is the exception: the fp32 runs' own rounding (of the perturbed inputs and of th
 second difference of a few ulps of the large terms, beyond the tolerance of the small result. So
 where the model runs in fp64, a float element counts only where the same pair, drawn in fp64 and
 run in fp64, jumps too (a step is the function's, not the precision's), or where the fp32 and fp64
-references themselves differ beyond the tolerance (fp32 rounding crossed the step). At an ambiguous element the parent
-accepts any of the values the reference gave there (the fp32 run, the fp64 run, each perturbed
+references themselves differ beyond the tolerance (fp32 rounding crossed the step). At an
+ambiguous element the parent accepts any of the values the reference gave there (the fp32 run, the fp64 run, each perturbed
 run); everywhere else the comparison is unchanged. More ambiguous elements than
 ``compare.ambiguous_limit`` allows in one output and none are kept: a reference that cannot decide
 a broad share of its output is judged as it was.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from extensions.timing.tensors import map_tensors
+from extensions.timing.tensors import flatten_tensors, map_tensors
 
 from ..common.compare import ambiguous_limit
 
@@ -109,18 +109,18 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
     alone). Also returns how many tensors had too many."""
     import torch
 
-    from extensions.timing.tensors import flatten_tensors
-
     references = flatten_tensors(out)
     if not references:
         return None, 0
-    pairs, over_cap = [], 0
-    for i, scale in enumerate(PERTURBATIONS):
-        plus, minus = perturbed_inputs(inputs, scale, seed + i)
-        with torch.no_grad():
-            pairs.append((flatten_tensors(rerun(plus)), flatten_tensors(rerun(minus))))
+    over_cap = 0
+    pairs = _perturbed_runs(rerun, inputs, seed)
     wides = flatten_tensors(wide) if wide is not None else []
-    wide_pairs = _wide_pairs(rerun_wide, inputs, seed) if rerun_wide is not None and wides else []
+    wide_pairs = []
+    if rerun_wide is not None and wides:
+        try:
+            wide_pairs = _perturbed_runs(rerun_wide, inputs, seed, wide=True)
+        except Exception:  # noqa: BLE001 - an op without fp64: the fp32 runs decide alone
+            wide_pairs = []
     slacks = _tensor_places(slack) if slack is not None else []
     entries = []
     for position, ref in enumerate(references):
@@ -162,21 +162,16 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
     return map_tensors(out, lambda _tensor: next(pieces)), over_cap
 
 
-def _wide_pairs(rerun_wide: Callable[[list], Any], inputs: list, seed: int) -> list:
-    """The fp64 model on each perturbed pair drawn as ``ambiguous_outputs`` draws it (same seeds),
-    kept in fp64; [] where the fp64 model fails on one."""
+def _perturbed_runs(rerun: Callable[[list], Any], inputs: list, seed: int, wide: bool = False) -> list:
+    """``rerun`` on each perturbed pair (``PERTURBATIONS``, seeds ``seed + i``; ``wide``: the
+    pairs kept in fp64): per magnitude, the flat output tensors of its plus and minus runs."""
     import torch
 
-    from extensions.timing.tensors import flatten_tensors
-
     pairs = []
-    try:
-        for i, scale in enumerate(PERTURBATIONS):
-            plus, minus = perturbed_inputs(inputs, scale, seed + i, wide=True)
-            with torch.no_grad():
-                pairs.append((flatten_tensors(rerun_wide(plus)), flatten_tensors(rerun_wide(minus))))
-    except Exception:  # noqa: BLE001 - an op without fp64: the fp32 runs decide alone
-        return []
+    for i, scale in enumerate(PERTURBATIONS):
+        plus, minus = perturbed_inputs(inputs, scale, seed + i, wide=wide)
+        with torch.no_grad():
+            pairs.append((flatten_tensors(rerun(plus)), flatten_tensors(rerun(minus))))
     return pairs
 
 

@@ -834,6 +834,7 @@ class ReferenceBuilder:
             self.steps[init_index] = watch.seen
         if not self.steps[init_index]:
             return None
+
         def rerun_wide(varied: list) -> Any:
             return like(self._fp64(init_index, varied), out)
 
