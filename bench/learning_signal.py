@@ -259,7 +259,10 @@ def prepare_data(cfg, split: dict) -> dict[str, int]:
     from extensions.runtime.paths import RunPaths
 
     paths = RunPaths.from_config(cfg)
-    outcome = prepare(cfg, paths.processed, progress=False)
+    try:
+        outcome = prepare(cfg, paths.processed, progress=False)
+    except ValueError as exc:  # a missing package or source: one line, before any pair is judged
+        raise SystemExit(f"[data] {exc}") from None
     if not outcome.up_to_date:
         print(format_summary(outcome.report))
     kernelbench_ids = {row["task_id"] for row in split["rl_rows"]}

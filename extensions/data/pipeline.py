@@ -51,7 +51,7 @@ from .kernelbook import KernelBookPair, normalise_row
 from .operator_graph import ComputationIndex, SignatureTracer
 from .pair_verification import summarize as summarize_verification, verifier_digest, verify_pairs
 from .report import SourceTally, difficulty_agreement, format_summary
-from .retrieval import Example, ExampleRetriever, build_index, index_is_complete
+from .retrieval import Example, ExampleRetriever, build_index, index_is_complete, require_backend
 from .sources import read_kernelbench, read_kernelbook, source_identity
 from .splits import split_ids
 
@@ -282,6 +282,7 @@ def prepare(cfg: PipelineConfig, out_dir: Path, *, force: bool = False, max_samp
     if not force and is_up_to_date(out_dir, fingerprint):
         return PrepareOutcome(out_dir, json.loads((out_dir / REPORT_FILE).read_text()), up_to_date=True)
 
+    require_backend(data_cfg.retrieval)
     started = time.time()
     tallies: dict[str, SourceTally] = {"kernelbook": SourceTally(data_cfg.kernelbook)}
     eval_tasks = collect_eval_tasks(data_cfg, tallies, progress)

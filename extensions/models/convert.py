@@ -89,8 +89,18 @@ def _write_record(directory: Path, model: FetchableModel, files: dict[str, dict]
     atomic_write_json(directory / RECORD, record, indent=1, sort_keys=False, default=None)
 
 
+def _require_gguf_reader() -> None:
+    # transformers reads GGUF through the gguf package and, without it, fails deep in its loader.
+    try:
+        import gguf  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError("converting a GGUF file needs the gguf package (pip install 'gguf>=0.10', "
+                           "listed in requirements.txt)") from exc
+
+
 def convert(model: FetchableModel, gguf_path: Path) -> Path:
     """Write the transformers directory of a verified GGUF file; its path."""
+    _require_gguf_reader()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

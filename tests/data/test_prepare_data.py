@@ -3,6 +3,7 @@ KernelBench form, splits are deterministic, reruns are no-ops unless forced."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +292,19 @@ def test_named_rl_tasks_in_prepare(tmp_path):
     assert not train & {"bundled-add", "bundled-sigmoid"} and "bundled-mul_add" in train
     assert outcome.report["rl_task_ids_missing"] == ["bundled-absent"]
     assert "bundled-absent" in format_summary(outcome.report)
+
+
+def test_a_missing_retrieval_package_stops_the_stage_before_any_pair_is_verified(tmp_path, project_root):
+    # bm25s hidden as if not installed: the stage must say so at once, not after judging every pair.
+    cache = tmp_path / "verdicts.jsonl"
+    hide_and_run = ("import runpy, sys; sys.modules['bm25s'] = None; sys.argv = sys.argv[1:]; "
+                    "runpy.run_path('prepare_data.py', run_name='__main__')")
+    proc = subprocess.run(
+        [sys.executable, "-c", hide_and_run, "prepare_data.py", "--smoke", "--out", str(tmp_path / "out"),
+         "--no-progress", "--set", "data.verify_pairs=true", "--set", "data.retrieval=lexical"],
+        cwd=project_root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "KERNEL_RL_VERIFY_CACHE": str(cache)})
+    assert proc.returncode != 0
+    assert "bm25s" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not cache.exists()  # no pair was judged
+    assert not (tmp_path / "out" / "prepare_report.json").exists()

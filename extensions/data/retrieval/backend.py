@@ -17,6 +17,10 @@ class RetrievalUnavailable(ValueError):
 class SearchBackend(Protocol):
     """A built index over the examples, in index order (``LexicalBackend``, ``DenseBackend``)."""
 
+    @staticmethod
+    def available() -> None:
+        """Raise RetrievalUnavailable when the packages the backend needs are missing here."""
+
     @classmethod
     def open(cls, directory: Path, *args) -> "SearchBackend":
         """The index saved in ``directory`` (``build`` wrote it)."""

@@ -26,6 +26,10 @@ class DenseBackend:
         self.encoder, self.index = encoder, index
 
     @staticmethod
+    def available() -> None:
+        _packages()
+
+    @staticmethod
     def _embed(encoder, texts: list[str]):
         import numpy as np
 

@@ -87,6 +87,12 @@ def _backend_class(backend: str):
     raise RetrievalUnavailable(f"unknown retrieval backend {backend!r} (expected lexical or dense)")
 
 
+def require_backend(backend: str) -> None:
+    """Raise RetrievalUnavailable now when ``backend`` cannot be built here: the data stage asks
+    before it verifies pairs (minutes of GPU), not after."""
+    _backend_class(backend).available()
+
+
 def index_is_complete(directory: Path, files: Optional[RunFiles] = None) -> bool:
     return (files or LOCAL_FILES).is_file(Path(directory) / META_FILE)
 

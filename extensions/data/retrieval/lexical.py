@@ -41,6 +41,10 @@ class LexicalBackend:
     def __init__(self, model) -> None:
         self.model = model
 
+    @staticmethod
+    def available() -> None:
+        _bm25s()
+
     @classmethod
     def build(cls, documents: list[list[str]], directory: Path) -> tuple["LexicalBackend", dict]:
         model = _bm25s().BM25(backend=_BACKEND)
