@@ -178,3 +178,32 @@ def stored_stretch(tensor: Any, span: int) -> Any:
     import torch
 
     return torch.as_strided(torch._C.TensorBase.detach(tensor), (span,), (1,), 0)
+
+
+def storage_groups(values: Any) -> list[list[int]]:
+    """The positions in ``values`` (a list) of the tensors that share a storage with another of
+    them, one list per storage, in order of first appearance: ``[x, x]``, or two column slices of
+    one matrix. A problem's forward gets its inputs so; a copy per tensor would judge a kernel on
+    separate storages it never meets, and a forward writing into one of them would not change the
+    other. Tensors of one storage viewed as different dtypes are left out (their element offsets
+    do not compare), as are empty ones. Read without calling anything the tensors carry."""
+    import torch
+
+    by_storage: dict[tuple, list[int]] = {}
+    for position, tensor in enumerate(values):
+        if (isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided
+                and torch._C.TensorBase.numel(tensor) > 0):
+            storage = torch.Tensor.untyped_storage(tensor)
+            by_storage.setdefault((str(tensor.device), storage.data_ptr()), []).append(position)
+    return [members for members in by_storage.values()
+            if len(members) > 1 and len({values[p].dtype for p in members}) == 1]
+
+
+def group_span(values: Any, members: list[int]) -> int:
+    """How many elements of their common storage, from its start, the tensors of ``values`` at
+    ``members`` (a ``storage_groups`` group) reach together."""
+    import torch
+
+    base = torch._C.TensorBase
+    return max(view_span(list(values[p].shape), list(base.stride(values[p])), base.storage_offset(values[p]))
+               for p in members)

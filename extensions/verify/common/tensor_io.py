@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from extensions.timing.tensors import stored_stretch, view_span
+from extensions.timing.tensors import group_span, storage_groups, stored_stretch, view_span
 
 JSON_SCALARS = (bool, int, float, str, type(None))
 
@@ -20,7 +20,7 @@ class TensorIOError(ValueError):
 
 
 def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True,
-         layouts: bool = False) -> dict[str, Any]:
+         layouts: bool = False, _shared: dict | None = None) -> dict[str, Any]:
     """``value``'s spec; its tensors go into ``tensors`` as contiguous host tensors, copies of the
     originals (``copy=False``: a tensor already contiguous on the host is taken as it is, for data
     that is serialized at once and never changed).
@@ -35,13 +35,28 @@ def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True,
     storage the view reaches is stored, the values between its elements included, and ``unpack``
     views it as it was. A kernel that reads such an input as dense reads the problem's other
     memory, as it would on the problem's own inputs. Candidates' outputs cross without it: a view
-    reaching far through a large storage would make the file that large."""
+    reaching far through a large storage would make the file that large.
+
+    With ``layouts``, tensors of ``value`` that share one storage (``storage_groups``: ``[x, x]``,
+    two slices of one matrix) cross as views of one stored stretch, which ``unpack`` rebuilds as
+    one storage: the candidate meets the aliasing the problem's inputs have, and a reference that
+    writes into one of them changes the other, as it does on the problem's own call."""
     import torch
 
+    if layouts and _shared is None:
+        _shared = _shared_stretches(value)
     if isinstance(value, torch.Tensor):
         key = f"{prefix}"
         if key in tensors:
             raise TensorIOError(f"duplicate tensor key {key}")
+        shared = _shared.get(id(value)) if _shared else None
+        if shared is not None:
+            if shared[0] is None:  # the first view of the storage stores the stretch for them all
+                shared[0] = key
+                reach = stored_stretch(value, shared[1])
+                tensors[key] = host_copy(reach) if copy else _on_host(reach)
+            base = torch._C.TensorBase
+            return {"strided": [shared[0], list(value.shape), list(base.stride(value)), base.storage_offset(value)]}
         layout = strided_layout(value) if layouts else None
         if layout is not None:
             shape, stride, offset, span = layout
@@ -54,12 +69,89 @@ def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True,
         return {"tensor": key} if order is None else {"permuted": [key, order]}
     if isinstance(value, (list, tuple)):
         kind = "tuple" if isinstance(value, tuple) else "list"
-        return {kind: [pack(v, f"{prefix}.{i}", tensors, copy, layouts) for i, v in enumerate(value)]}
+        return {kind: [pack(v, f"{prefix}.{i}", tensors, copy, layouts, _shared) for i, v in enumerate(value)]}
     if isinstance(value, JSON_SCALARS):
         return {"value": value}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).replace("torch.", "")}
     raise TensorIOError(f"cannot transfer a value of type {type(value).__name__}")
+
+
+def _shared_stretches(value: Any) -> dict[int, list]:
+    """Per tensor of ``value`` that shares its storage with another (by ``id``): ``[key, span]``,
+    one list per storage, its key set by the first view ``pack`` stores."""
+    from extensions.timing.tensors import flatten_tensors
+
+    tensors = flatten_tensors(value)
+    shared: dict[int, list] = {}
+    for members in storage_groups(tensors):
+        record = [None, group_span(tensors, members)]
+        for position in members:
+            shared[id(tensors[position])] = record
+    return shared
+
+
+def storage_units(tensors: list) -> list[tuple[list[int], int | None]]:
+    """How the tensors of a problem's input list (``flatten_tensors`` order; other values are
+    passed over) are stored and placed:
+    per storage, the positions of the tensors viewing it and the elements of it stored from its
+    start (a ``storage_groups`` group's ``group_span``; a slice's or an expanded view's span), or
+    None for a tensor stored as itself (contiguous, or a permutation of a contiguous one)."""
+    import torch
+
+    groups = storage_groups(tensors)
+    first = {members[0]: members for members in groups}
+    grouped = {position for members in groups for position in members}
+    units: list[tuple[list[int], int | None]] = []
+    for position, tensor in enumerate(tensors):
+        if position in first:
+            units.append((first[position], group_span(tensors, first[position])))
+        elif position not in grouped and isinstance(tensor, torch.Tensor):
+            layout = strided_layout(tensor)
+            units.append(([position], layout[3] if layout is not None else None))
+    return units
+
+
+def stored_spans(tensors: list) -> list[int | None]:
+    """Per tensor of ``tensors``: the stretch of its storage ``pack`` stores for it (``storage_units``),
+    or None where it stores the tensor alone. The stretch is what a check reads back after a call:
+    a write between a slice's elements, or into another input's view of the same storage, is a
+    write into the caller's tensors."""
+    spans: list[int | None] = [None] * len(tensors)
+    for positions, span in storage_units(tensors):
+        for position in positions:
+            spans[position] = span
+    return spans
+
+
+def own_copies(values: Any, device: Any = None, convert=None) -> Any:
+    """``values`` with every tensor in a storage of its own (``own_copy``, on ``device``), the
+    tensors that shared a storage (``storage_groups``) sharing one copy of it, and one tensor
+    passed twice copied once: whatever a call does to them leaves ``values`` as they were, and a
+    forward that writes into one input sees the other change, as on the problem's own call.
+    ``convert(tensor)``: the copy instead of ``own_copy``, made of a flat stretch for shared
+    storages (element by element: a dtype change, absolute values)."""
+    import torch
+
+    from extensions.timing.tensors import flatten_tensors, map_tensors
+
+    convert = convert or (lambda t: own_copy(t, device))
+    tensors = flatten_tensors(values)
+    made: dict[int, Any] = {}
+    base = torch._C.TensorBase
+    for members in storage_groups(tensors):
+        stretch = convert(stored_stretch(tensors[members[0]], group_span(tensors, members)))
+        for position in members:
+            tensor = tensors[position]
+            if id(tensor) not in made:
+                made[id(tensor)] = stretch.as_strided(tensor.shape, base.stride(tensor), base.storage_offset(tensor))
+
+    def copy(tensor):
+        if id(tensor) not in made:
+            made[id(tensor)] = convert(tensor)
+        return made[id(tensor)]
+
+    return map_tensors(values, copy)
 
 
 def memory_order(tensor: Any) -> list[int] | None:
@@ -163,11 +255,17 @@ def host_copy(tensor: Any) -> Any:
     return tensor.to("cpu").contiguous()
 
 
-def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layouts: bool = False) -> Any:
+def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layouts: bool = False,
+           _storages: dict | None = None) -> Any:
     """The value ``pack`` described. ``layouts``: a spec the reference side wrote for a problem's
     inputs, whose strided views are rebuilt; a spec from the candidate's side may not hold one (a
-    view of a huge shape over a few stored elements would be materialized by the comparisons)."""
+    view of a huge shape over a few stored elements would be materialized by the comparisons).
+    Views of one stored stretch share one storage, and views of it with one shape, strides and
+    offset are one tensor (``[x, x]`` arrives as one object twice)."""
     import torch
+
+    if _storages is None:
+        _storages = {}
 
     if not isinstance(spec, dict) or len(spec) != 1:
         raise TensorIOError(f"malformed value spec {str(spec)[:80]}")
@@ -198,13 +296,19 @@ def unpack(spec: Any, tensors: dict[str, Any], device: str | None = None, layout
         reach = tensors[key]
         if reach.dim() != 1 or 0 in shape or view_span(shape, stride, offset) > reach.numel():
             raise TensorIOError("strided tensor spec reaches past its stored elements")
-        # A storage of its own, starting where the stored stretch starts, as the problem's did.
-        own = reach.to(device, copy=True) if device else reach.clone()
-        return own.as_strided(shape, stride, offset)
+        # A storage of its own, starting where the stored stretch starts, as the problem's did;
+        # one for every view of the stretch (inputs that shared a storage share this one).
+        if key not in _storages:
+            _storages[key] = ((reach.to(device, copy=True) if device else reach.clone()), {})
+        own, views = _storages[key]
+        geometry = (tuple(shape), tuple(stride), offset)
+        if geometry not in views:
+            views[geometry] = own.as_strided(shape, stride, offset)
+        return views[geometry]
     if kind in ("list", "tuple"):
         if not isinstance(payload, list):
             raise TensorIOError(f"malformed {kind} spec")
-        items = [unpack(v, tensors, device, layouts) for v in payload]
+        items = [unpack(v, tensors, device, layouts, _storages) for v in payload]
         return tuple(items) if kind == "tuple" else items
     if kind == "value":
         if not isinstance(payload, JSON_SCALARS):

@@ -150,49 +150,58 @@ def gaps_intact(filled: list) -> bool:
 
 
 def spaced_apart(values: list, device: str) -> list:
-    """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps."""
+    """``values`` with every tensor copied to ``device`` into a buffer of its own set, with gaps.
+    Tensors that share a storage (``storage_units``: ``[x, x]``, two slices of one matrix) share
+    one place in it, as they shared the problem's storage: the memory between one view's elements
+    that another view holds is that view's, not a gap."""
     import torch
 
     from extensions.timing.tensors import flatten_tensors, map_tensors
 
-    from ..common.tensor_io import memory_order, stored_stretch, strided_layout
+    from ..common.tensor_io import memory_order, storage_units, stored_stretch
 
     tensors = flatten_tensors(values)  # strided host tensors, as read from the handed file
     if not tensors:
         return values
-    slots, end = [], 0  # each tensor's (offset, bytes, layout) in the buffer
-    for tensor in tensors:
+    units = storage_units(tensors)
+    slots, end = [], 0  # each storage's (offset, bytes) in the buffer
+    for positions, span in units:
+        first = tensors[positions[0]]
         end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
-        layout = strided_layout(tensor)
-        size = (layout[3] if layout else tensor.numel()) * tensor.element_size()
-        slots.append((end, size, layout))
+        size = (span if span is not None else first.numel()) * first.element_size()
+        slots.append((end, size))
         end += -(-size // _GAP_BLOCK) * _GAP_BLOCK
     end += _GAP_BLOCK * (1 + os.urandom(1)[0] % 16)
     buffer = torch.full((end,), 255, dtype=torch.uint8, device=device).untyped_storage()
     gaps, previous_end = [], 0
-    for index, (tensor, (offset, size, layout)) in enumerate(zip(tensors, slots)):
-        beside = tensors[max(index - 1, 0)]
-        gaps.append((previous_end, offset, _stored_values(beside, slots[max(index - 1, 0)][2])))
+    for index, (offset, size) in enumerate(slots):
+        beside = units[max(index - 1, 0)]
+        gaps.append((previous_end, offset, _stored_values(tensors[beside[0][0]], beside[1])))
         previous_end = offset + size
-    gaps.append((previous_end, end, _stored_values(tensors[-1], slots[-1][2])))
+    gaps.append((previous_end, end, _stored_values(tensors[units[-1][0][0]], units[-1][1])))
     placement = _Placement(buffer, [gap for gap in gaps if gap[1] > gap[0]])
     placed = {}
-    for tensor, (offset, size, layout) in zip(tensors, slots):
+    for (positions, span), (offset, size) in zip(units, slots):
+        first = tensors[positions[0]]
         # A slice of a storage is a storage of its own that keeps the buffer alive.
         own = torch.empty(0, dtype=torch.uint8, device=device).set_(buffer[offset:offset + size])
-        view = own.view(tensor.dtype)
-        if layout is not None:
-            # A slice or an expanded view, with the storage it reaches (``unpack`` gave it a
-            # storage of its own starting there): the stretch is copied whole, then viewed alike.
-            shape, stride, storage_offset, span = layout
-            view.copy_(stored_stretch(tensor, span))
-            view = view.as_strided(shape, stride, storage_offset)
+        view = own.view(first.dtype)
+        if span is not None:
+            # Slices, expanded views or views sharing one storage, with the stretch they reach
+            # (``unpack`` gave it a storage of its own starting there): the stretch is copied
+            # whole, then viewed alike.
+            view.copy_(stored_stretch(first, span))
+            for position in positions:
+                tensor = tensors[position]
+                if id(tensor) not in placed:
+                    placed[id(tensor)] = view.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
         else:
             # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
-            view = view.view(tensor.shape) if memory_order(tensor) is None else \
-                view.as_strided(tensor.shape, tensor.stride())
-            view.copy_(tensor)
-        placed[id(tensor)] = view
+            view = view.view(first.shape) if memory_order(first) is None else \
+                view.as_strided(first.shape, first.stride())
+            view.copy_(first)
+            placed[id(first)] = view
+    for view in {id(v): v for v in placed.values()}.values():
         _register(view, placement)
     return map_tensors(values, lambda t: placed[id(t)])
 
@@ -202,13 +211,14 @@ def spaced_apart(values: list, device: str) -> list:
 _GAP_POOL = 2048
 
 
-def _stored_values(tensor, layout):
-    """A sample of the values a placed tensor's storage holds (a strided view's whole stretch)."""
+def _stored_values(tensor, span):
+    """A sample of the values a placed tensor's storage holds (the whole stretch ``span`` where
+    it was stored as one)."""
     import torch
 
     from ..common.tensor_io import stored_stretch
 
-    values = stored_stretch(tensor, layout[3]) if layout is not None else tensor.reshape(-1)
+    values = stored_stretch(tensor, span) if span is not None else tensor.reshape(-1)
     if values.numel() <= _GAP_POOL:
         return values.clone()
     return values[torch.randint(0, values.numel(), (_GAP_POOL,))]
@@ -225,11 +235,15 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
     unbound, so nothing the candidate attached runs here, outside the audited call."""
     import torch
 
-    from ..common.tensor_io import overlaps_itself, stored_stretch, strided_layout
+    from extensions.timing.tensors import storage_groups
+
+    from ..common.tensor_io import overlaps_itself, stored_spans, stored_stretch
 
     base = torch._C.TensorBase
     if not isinstance(previous, list) or not isinstance(inputs, list) or len(previous) != len(inputs):
         return inputs
+    if storage_groups(previous) != storage_groups(inputs):
+        return inputs  # the previous tensors share storages otherwise than the new ones do
     for old, new in zip(previous, inputs):
         if type(old) is torch.Tensor and type(new) is torch.Tensor:
             if (old.shape, old.dtype, old.device, base.stride(old), base.storage_offset(old)) != (
@@ -239,14 +253,15 @@ def into_previous_tensors(previous: Any, inputs: Any) -> Any:
                 return inputs  # an expanded view cannot be written element by element
         elif isinstance(old, torch.Tensor) or isinstance(new, torch.Tensor) or type(old) is not type(new) or old != new:
             return inputs
+    spans = stored_spans(inputs)
     with torch.no_grad():
-        for old, new in zip(previous, inputs):
+        for old, new, span in zip(previous, inputs, spans):
             if type(old) is torch.Tensor:
-                layout = strided_layout(new)
-                if layout is None:
+                if span is None:
                     base.copy_(old, new)
                 else:
                     # A slice: the memory between its elements is the new set's too (each set
-                    # varies it as it varies the elements), not what the previous set had there.
-                    base.copy_(stored_stretch(old, layout[3]), stored_stretch(new, layout[3]))
+                    # varies it as it varies the elements), not what the previous set had there;
+                    # views of one storage get the whole stretch they share.
+                    base.copy_(stored_stretch(old, span), stored_stretch(new, span))
     return previous

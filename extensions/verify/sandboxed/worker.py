@@ -221,7 +221,7 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
 
     from ..common.judged_context import judged_context
     from ..common.model_tensors import module_tensors
-    from ..common.tensor_io import TensorIOError, pack, save_tensors, strided_layout
+    from ..common.tensor_io import TensorIOError, pack, save_tensors, stored_spans
 
     status: dict[str, Any] = {"ok": False}
     try:
@@ -238,10 +238,11 @@ def run_set(models: "Models", index: int, set_spec: dict, inputs: list, device: 
         autotune.start_set(index)
     repeat = None
     context = set_spec.get("context")
-    # How much of its storage each sliced or expanded input reaches, as handed: after the call the
-    # whole stretch is read back, so a write between a slice's elements is seen as a write to it.
-    reaches = [(position, layout[3]) for position, layout in
-               enumerate(strided_layout(x) for x in flatten_tensors(inputs)) if layout is not None]
+    # How much of its storage each sliced or expanded input reaches, as handed (inputs sharing a
+    # storage: the stretch they share): after the call the whole stretch is read back, so a write
+    # between a slice's elements, or into another input's view, is seen as a write to it.
+    reaches = [(position, span) for position, span in enumerate(stored_spans(flatten_tensors(inputs)))
+               if span is not None]
     # The memory around the inputs: all-ones bytes on even sets, the neighbouring input's values
     # on odd ones (neither is then a sign of being judged); checked after the call.
     gaps = fill_gaps(inputs, data_like=index % 2 == 1)
