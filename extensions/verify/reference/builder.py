@@ -19,14 +19,14 @@ from ..common.param_noise import apply_parameter_noise, constant_parameter_keys
 from ..common.problem_constants import (find_scalar_constants, find_size_constants, grown_size, is_batch_name,
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
-from ..common.tensor_io import own_copy, pack
+from ..common.tensor_io import own_copies, own_copy, pack
 from .ambiguity import ambiguous_outputs, step_watch
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
-from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_structure,
-                         integer_operand, integer_transform, is_plain_int, transform_integers, transform_tensors,
-                         value_transforms, varied_input_scalar, with_negative_lines, with_offset, with_outliers,
-                         with_scalars_varied, with_zeros)
+from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_storages,
+                         in_drawn_structure, integer_operand, integer_transform, is_plain_int, transform_integers,
+                         transform_tensors, value_transforms, varied_input_scalar, with_negative_lines, with_offset,
+                         with_outliers, with_scalars_varied, with_zeros)
 
 # How far the value sets after ``signed`` move a Python int (``_scalar_plan``), one drawn per batch.
 FAR_INT_STEPS = (2, 3)
@@ -248,8 +248,10 @@ class ReferenceBuilder:
         """``values`` with each tensor copied to the device in a storage of its own, laid out
         alike: every reference call gets these, so a problem whose forward changes its inputs in
         place (``x += 1``, ``ReLU(inplace=True)``) changes neither the set the candidate is handed
-        nor the later calls' inputs (its output would be judged against the changed values)."""
-        return map_tensors(values, lambda t: own_copy(t, self.device))
+        nor the later calls' inputs (its output would be judged against the changed values).
+        Inputs that share a storage share their copy (``own_copies``): a forward that writes into
+        one sees the other change, as on the problem's own call."""
+        return own_copies(values, self.device)
 
     def _perturbed(self, model):
         """``model`` with its constant-initialised parameters replaced by the batch's noise
@@ -710,8 +712,7 @@ class ReferenceBuilder:
             if i in watch.indices:
                 why = "an index, a class target or a size"
             else:
-                trial = list(inputs)
-                trial[i] = fn(inputs[i])
+                trial = in_drawn_storages(inputs, [fn(v) if j == i else v for j, v in enumerate(inputs)])
                 try:
                     with torch.no_grad():
                         after = model(*self._own_copies(trial))
@@ -754,7 +755,7 @@ class ReferenceBuilder:
         torch.set_default_dtype(torch.float64)  # tensors the forward creates match its inputs
         try:
             with torch.no_grad():
-                return self.fp64_models[init_index](*map_tensors(inputs, widen))
+                return self.fp64_models[init_index](*own_copies(inputs, convert=widen))
         finally:
             torch.set_default_dtype(default)
 
@@ -811,11 +812,13 @@ class ReferenceBuilder:
         if self.steps.get(init_index) is False:
             return None
 
+        # The perturbed inputs are new tensors each: those the set has in one storage are put back
+        # in one (``in_drawn_storages``), so a forward that writes into one input sees the other change.
         def rerun(varied: list) -> Any:
             if init_index not in self.fp32_copies:
                 self.fp32_copies[init_index] = copy.deepcopy(self.models[init_index])
             with torch.no_grad():
-                return self.fp32_copies[init_index](*self._own_copies(varied))
+                return self.fp32_copies[init_index](*self._own_copies(in_drawn_storages(inputs, varied)))
 
         watch = step_watch()
         try:
@@ -836,7 +839,7 @@ class ReferenceBuilder:
             return None
 
         def rerun_wide(varied: list) -> Any:
-            return like(self._fp64(init_index, varied), out)
+            return like(self._fp64(init_index, in_drawn_storages(inputs, varied)), out)
 
         try:
             ambiguous, _over_limit = ambiguous_outputs(out, rerun, inputs, wide, self.input_seed + 7919 * (index + 1),

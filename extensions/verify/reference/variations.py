@@ -7,7 +7,7 @@ candidate never sees; the builder (``builder.py``) decides which are kept.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 from ..common.problem_constants import varied_int, varied_scalar, varied_zero
 
@@ -137,29 +137,31 @@ def transform_tensors(values: list, fn) -> list:
 
 
 def between_elements(drawn: list, transform) -> list:
-    """Per drawn tensor laid out as a slice or an expanded view (``strided_layout``): the stretch of
-    storage it reaches, holding the drawn stretch's values passed through the set's own
+    """Per drawn tensor laid out as a slice or an expanded view (``strided_layout``), or sharing its
+    storage with another input (``storage_groups``): the stretch of storage it reaches (the
+    stretch the inputs share), holding the drawn stretch's values passed through the set's own
     ``transform``; None at the other places. On a problem's own inputs the memory around a slice
     holds values like its elements (the rest of the tensor it was cut from); kept as drawn on a
     varied set it did not, and a kernel that compared the two told the varied sets from the
     problem's and was wrong only on the latter. The transform sees the stretch shaped like the
-    view (rows added until it holds the whole stretch), so its lines and its maximum are drawn
-    as the elements' are."""
+    view (the storage's first view; rows added until it holds the whole stretch), so its lines
+    and its maximum are drawn as the elements' are: one storage is varied once."""
     import torch
 
-    from ..common.tensor_io import stored_stretch, strided_layout
+    from ..common.tensor_io import storage_units, stored_stretch
 
     stand_ins, spans = list(drawn), {}
-    for place, tensor in enumerate(drawn):
-        layout = strided_layout(tensor) if isinstance(tensor, torch.Tensor) else None
-        if layout is None or tensor.dim() == 0:
+    for positions, span in storage_units(drawn):
+        tensor = drawn[positions[0]]
+        if span is None or not isinstance(tensor, torch.Tensor):
             continue
-        shape, span = list(tensor.shape), layout[3]
-        inner = max(1, tensor.numel() // shape[0])
+        shape = list(tensor.shape) or [1]
+        inner = max(1, tensor.numel() // max(1, shape[0]))
         rows = max(shape[0], -(-span // inner))
         stretch = stored_stretch(tensor, span)
-        stand_ins[place] = stretch.repeat(-(-rows * inner // span))[:rows * inner].reshape([rows, *shape[1:]]).clone()
-        spans[place] = span
+        stand_ins[positions[0]] = stretch.repeat(-(-rows * inner // span))[:rows * inner].reshape(
+            [rows, *shape[1:]]).clone()
+        spans[positions[0]] = (positions, span)
     fills: list = [None] * len(drawn)
     if not spans:
         return fills
@@ -167,10 +169,11 @@ def between_elements(drawn: list, transform) -> list:
         varied = transform(stand_ins)
     except Exception:  # noqa: BLE001 - the set's own transform decides whether the set exists
         return fills
-    for place, span in spans.items():
+    for place, (positions, span) in spans.items():
         value = varied[place] if place < len(varied) else None
         if isinstance(value, torch.Tensor) and value.numel() >= span:
-            fills[place] = value.reshape(-1)[:span]
+            for position in positions:
+                fills[position] = value.reshape(-1)[:span]
     return fills
 
 
@@ -181,16 +184,24 @@ def in_drawn_layouts(drawn: list, varied: list, between: list | None = None) -> 
     layout is judged on another. A slice keeps its strides and offset; an expanded (overlapping)
     view keeps its strides too, each memory location holding one of the varied values that share
     it. The memory between the elements holds ``between`` (``between_elements``) where given,
-    else the drawn values."""
+    else the drawn values. Tensors drawn in one storage (``storage_groups``: ``[x, x]``, two
+    slices of one matrix) are scattered into one storage again, each location holding one of the
+    varied values of the views that reach it: a set the problem could not have drawn (the two
+    halves of one matrix in two storages) judges no kernel on aliasing the problem never has."""
     import torch
+
+    from extensions.timing.tensors import storage_groups
 
     from ..common.tensor_io import memory_order, overlaps_itself, stored_stretch, strided_layout
 
     if len(drawn) != len(varied):
         return varied
     between = between if between is not None and len(between) == len(drawn) else [None] * len(drawn)
-    laid = []
-    for before, after, fill in zip(drawn, varied, between):
+    laid = in_drawn_storages(drawn, varied, between)
+    grouped = {position for members in storage_groups(drawn) for position in members}
+    for position, (before, after, fill) in enumerate(zip(drawn, varied, between)):
+        if position in grouped:
+            continue
         if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and after.shape == before.shape
                 and after.stride() != before.stride()):
             layout = strided_layout(before)
@@ -210,7 +221,48 @@ def in_drawn_layouts(drawn: list, varied: list, between: list | None = None) -> 
                     view = stretch.as_strided(shape, stride, offset)
                     view.copy_(after)
                     after = view
-        laid.append(after)
+        laid[position] = after
+    return laid
+
+
+def in_drawn_storages(drawn: list, varied: list, between: list | None = None) -> list:
+    """``varied`` with the tensors drawn in one storage (``storage_groups``) scattered into one
+    storage again, laid out as drawn: each location holds one of the varied values of the views
+    that reach it, the rest of the stretch ``between`` (the fill ``between_elements`` made for
+    the storage) or the drawn values. One tensor drawn twice becomes one tensor. A group whose
+    varied tensors are the drawn ones, or not tensors of the drawn shapes and one dtype, is left
+    as it is."""
+    import torch
+
+    from extensions.timing.tensors import group_span, storage_groups
+
+    from ..common.tensor_io import stored_stretch
+
+    laid = list(varied)
+    if len(drawn) != len(varied):
+        return laid
+    for members in storage_groups(drawn):
+        afters = [varied[p] for p in members]
+        if all(varied[p] is drawn[p] for p in members):
+            continue  # left as drawn: still views of the drawn storage
+        if not all(isinstance(a, torch.Tensor) and a.shape == drawn[p].shape and a.dtype == afters[0].dtype
+                   and a.device == afters[0].device for p, a in zip(members, afters)):
+            continue
+        span = group_span(drawn, members)
+        fill = between[members[0]] if between is not None and len(between) == len(drawn) else None
+        stretch = (fill if fill is not None else stored_stretch(drawn[members[0]], span)).to(
+            device=afters[0].device, dtype=afters[0].dtype, copy=True)
+        places = torch.arange(span, device=stretch.device)
+        for p, after in zip(members, afters):
+            before = drawn[p]
+            where = torch.as_strided(places, before.shape, before.stride(), before.storage_offset())
+            stretch[where.reshape(-1)] = after.reshape(-1)
+        views: dict[int, Any] = {}
+        for p in members:
+            before = drawn[p]
+            if id(before) not in views:
+                views[id(before)] = stretch.as_strided(before.shape, before.stride(), before.storage_offset())
+            laid[p] = views[id(before)]
     return laid
 
 
