@@ -15,8 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
-from extensions.timing.tensors import (flatten_tensors, held_elsewhere, plain_output, stored_stretch, view_span,
-                                       with_elements)
+from extensions.timing.tensors import (flatten_tensors, group_span, held_elsewhere, plain_output, storage_groups,
+                                       stored_stretch, view_span, with_elements)
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -157,7 +157,7 @@ def _structure(input_set: Sequence[Any]) -> list:
         (tuple(x.shape), x.dtype, tuple(x.stride()), x.storage_offset(), x.device)
         if isinstance(x, torch.Tensor) else "value"
         for x in input_set
-    ]
+    ] + [storage_groups(list(input_set))]
 
 
 def _fixed_buffer(x: Any) -> tuple[Any, int]:
@@ -194,10 +194,25 @@ class _LiveInputs:
 
         key = 0 if self.copies_into_fixed_buffers else index
         if key not in self._buffers:
+            input_set = self.input_sets[key]
+            # Inputs that share a storage (``[x, x]``, two slices of one matrix) share one buffer,
+            # as they were judged: a kernel is timed on the aliasing it was judged on, and a model
+            # writing into one input sees the other change, as on the problem's own call.
+            shared: dict[int, tuple[Any, int]] = {}
+            for members in storage_groups(input_set):
+                span = group_span(input_set, members)
+                first = input_set[members[0]]
+                buffer = torch.empty(span, dtype=first.dtype, device=first.device)
+                views: dict[int, Any] = {}
+                for position in members:
+                    x = input_set[position]
+                    if id(x) not in views:
+                        views[id(x)] = buffer.as_strided(x.shape, x.stride(), x.storage_offset())
+                    shared[position] = (views[id(x)], span)
             args, spans = [], {}
-            for position, x in enumerate(self.input_sets[key]):
+            for position, x in enumerate(input_set):
                 if isinstance(x, torch.Tensor):
-                    x, spans[position] = _fixed_buffer(x)
+                    x, spans[position] = shared[position] if position in shared else _fixed_buffer(x)
                 args.append(x)
             self._buffers[key] = (args, spans)
         return self._buffers[key]
