@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from extensions.timing.tensors import group_span, storage_groups, stored_stretch, view_span
+from extensions.timing.tensors import (flatten_tensors, group_span, map_tensors, storage_groups, stored_stretch,
+                                       view_span)
 
 JSON_SCALARS = (bool, int, float, str, type(None))
 
@@ -80,8 +81,6 @@ def pack(value: Any, prefix: str, tensors: dict[str, Any], copy: bool = True,
 def _shared_stretches(value: Any) -> dict[int, list]:
     """Per tensor of ``value`` that shares its storage with another (by ``id``): ``[key, span]``,
     one list per storage, its key set by the first view ``pack`` stores."""
-    from extensions.timing.tensors import flatten_tensors
-
     tensors = flatten_tensors(value)
     shared: dict[int, list] = {}
     for members in storage_groups(tensors):
@@ -132,8 +131,6 @@ def own_copies(values: Any, device: Any = None, convert=None) -> Any:
     ``convert(tensor)``: the copy instead of ``own_copy``, made of a flat stretch for shared
     storages (element by element: a dtype change, absolute values)."""
     import torch
-
-    from extensions.timing.tensors import flatten_tensors, map_tensors
 
     convert = convert or (lambda t: own_copy(t, device))
     tensors = flatten_tensors(values)
