@@ -43,26 +43,68 @@ STEP_OPS = frozenset(("floor", "ceil", "round", "trunc", "fix", "frac", "sign", 
 # argument tens of ulps either way, the smallest catches an element with two steps within reach of
 # the largest (both sides jump, the second difference cancels).
 PERTURBATIONS = (1e-5, 3e-6, 1e-6)
+# The same magnitudes where a step is decided in fp16 or bf16, or an input is one, in units of that
+# dtype's eps (2^-10, 2^-7). fp32's d, rounded back to fp16, moves nothing: the reference computes
+# op by op in the low precision, each op rounding by up to half an ulp, so a correct kernel that
+# computes in fp32 sees a comparison's two sides a few such ulps from the reference's and takes
+# the other branch where they lie that close. Tens of ulps, as for fp32, would reach percents of
+# an argument and mark a broad share of the output (over the cap: none kept); a few ulps reach the
+# reference's own rounding and mark about as many elements as a reordered kernel actually flips.
+LOW_PRECISION_ULPS = (4.0, 2.0, 1.0)
 
 
 def step_watch():
     """A dispatch mode that records (``.seen``) whether a forward ran a step operator: one of
     ``STEP_OPS``, a division with a rounding mode, or any operator that turns floating-point
-    arguments into integers or bools (``x > y``, ``argmax``, a cast to ``long``). torch is imported
-    here, not with the module: the reference process times its own import of torch."""
+    arguments into integers or bools (``x > y``, ``argmax``, a cast to ``long``), and
+    (``.coarsest``) the floating-point dtype of least precision among such operators' tensor
+    arguments (a forward that casts to fp16 decides its steps in fp16, whatever its inputs). torch
+    is imported here, not with the module: the reference process times its own import of torch."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class StepWatch(TorchDispatchMode):
         seen = False
+        coarsest = None
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             result = func(*args, **kwargs)
-            if not self.seen:
-                self.seen = _is_step(func, args, kwargs, result)
+            if _is_step(func, args, kwargs, result):
+                self.seen = True
+                self.coarsest = coarsest_dtype([self.coarsest, *(a.dtype for a in _tensors(args, kwargs)
+                                                                if a.is_floating_point())])
             return result
 
     return StepWatch()
+
+
+def _tensors(args, kwargs) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    return [leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor)]
+
+
+def coarsest_dtype(dtypes) -> Any:
+    """The floating-point dtype of ``dtypes`` with the largest eps (None among them ignored)."""
+    import torch
+
+    floating = [d for d in dtypes if d is not None and d.is_floating_point]
+    return max(floating, key=lambda d: torch.finfo(d).eps, default=None)
+
+
+def perturbation(level: int, dtype, step_dtype=None) -> float:
+    """The relative magnitude of perturbation ``level`` for an input of ``dtype`` where the steps
+    are decided in ``step_dtype`` (None: unknown): ``PERTURBATIONS`` where both are fp32 or
+    wider, else ``LOW_PRECISION_ULPS`` of the coarser one's eps (an fp16 input moves by whole
+    ulps of fp16 or not at all)."""
+    import torch
+
+    coarsest = coarsest_dtype([dtype, step_dtype])
+    eps = torch.finfo(coarsest).eps
+    if eps <= torch.finfo(torch.float32).eps:
+        return PERTURBATIONS[level]
+    return LOW_PRECISION_ULPS[level] * eps
 
 
 def _is_step(func, args, kwargs, result) -> bool:
@@ -77,16 +119,18 @@ def _is_step(func, args, kwargs, result) -> bool:
     return floating_in and integral_out
 
 
-def perturbed_inputs(inputs: list, scale: float, seed: int, wide: bool = False) -> list[list]:
-    """``inputs`` with every floating-point tensor times (1 + scale u) and (1 - scale u), u uniform
-    in [-1, 1] per element, drawn from ``seed`` (the batch's secret): the pair of input lists.
-    ``wide``: the same pair kept in fp64 (not rounded back to the inputs' dtypes)."""
+def perturbed_inputs(inputs: list, level: int, seed: int, wide: bool = False, step_dtype=None) -> list[list]:
+    """``inputs`` with every floating-point tensor times (1 + d u) and (1 - d u), d its
+    ``perturbation`` at ``level``, u uniform in [-1, 1] per element, drawn from ``seed`` (the
+    batch's secret): the pair of input lists. ``wide``: the same pair kept in fp64 (not rounded
+    back to the inputs' dtypes)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     plus, minus = [], []
     for value in inputs:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
+            scale = perturbation(level, value.dtype, step_dtype)
             u = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1).to(value.device)
             dtype = torch.float64 if wide else value.dtype
             plus.append((value.double() * (1 + scale * u)).to(dtype))
@@ -99,29 +143,34 @@ def perturbed_inputs(inputs: list, scale: float, seed: int, wide: bool = False) 
 
 def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide: Any, seed: int,
                       judging, atol_scale: float, slack: Any,
-                      rerun_wide: Optional[Callable[[list], Any]] = None) -> tuple[Any, int]:
+                      rerun_wide: Optional[Callable[[list], Any]] = None, step_dtype=None) -> tuple[Any, int]:
     """The ambiguous elements of each tensor of ``out`` (the fp32 reference on ``inputs``):
     ``(flat indices int64, alternatives)`` per tensor, the alternatives ``[n, k]`` in the output's
     dtype, column 0 the reference's own value; None for a tensor with none or with more than
     ``ambiguous_limit``. ``rerun(inputs)`` is the fp32 model on other inputs; ``wide`` the fp64
     run cast to the output's dtypes (None: none); ``rerun_wide(inputs)`` the fp64 model on other
     (fp64) inputs, cast alike (None, or failing: float elements are decided by the fp32 runs
-    alone). Also returns how many tensors had too many."""
+    alone). ``step_dtype``: the dtype the forward's steps are decided in (``step_watch``), which
+    sizes the perturbations with the inputs' own. Also returns how many tensors had too many."""
     import torch
 
     references = flatten_tensors(out)
     if not references:
         return None, 0
     over_cap = 0
-    pairs = _perturbed_runs(rerun, inputs, seed)
+    pairs = _perturbed_runs(rerun, inputs, seed, step_dtype=step_dtype)
     wides = flatten_tensors(wide) if wide is not None else []
     wide_pairs = []
     if rerun_wide is not None and wides:
         try:
-            wide_pairs = _perturbed_runs(rerun_wide, inputs, seed, wide=True)
+            wide_pairs = _perturbed_runs(rerun_wide, inputs, seed, wide=True, step_dtype=step_dtype)
         except Exception:  # noqa: BLE001 - an op without fp64: the fp32 runs decide alone
             wide_pairs = []
-    slacks = _tensor_places(slack) if slack is not None else []
+    slacks = tensor_places(slack) if slack is not None else []
+    # Whether the reference decides its steps in fp16/bf16: its steps (seen in that dtype), or
+    # the inputs it computes from, are.
+    coarsest = coarsest_dtype([step_dtype, *(v.dtype for v in flatten_tensors(inputs) if v.is_floating_point())])
+    decided_coarsely = coarsest is not None and torch.finfo(coarsest).eps > torch.finfo(torch.float32).eps
     entries = []
     for position, ref in enumerate(references):
         runs = [(p[position], m[position]) for p, m in pairs
@@ -132,16 +181,29 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
             continue
         own_slack = slacks[position] if len(slacks) == len(references) else None
         unsettled = _unsettled(ref, runs, judging, atol_scale, own_slack)
+        off_truth = None
         if ref.is_floating_point() and position < len(wides) and wides[position].shape == ref.shape:
             wide_runs = [(p[position], m[position]) for p, m in wide_pairs
                          if position < min(len(p), len(m))
                          and p[position].shape == ref.shape == m[position].shape]
+            wide_ref = wides[position].to(ref.dtype).to(ref.device)
             if wide_pairs and len(wide_runs) == len(wide_pairs):
-                wide_ref = wides[position].to(ref.dtype).to(ref.device)
                 unsettled &= (_unsettled(wide_ref, wide_runs, judging, atol_scale, own_slack)
                               | _apart(ref, wide_ref, judging, atol_scale, own_slack))
+            if decided_coarsely:
+                # A step decided in fp16/bf16 takes the other branch wherever its two sides lie
+                # within that dtype's rounding of each other; perturbations find such an element
+                # only by chance (an input moved by whole ulps or not at all), the fp64 model
+                # finds every one: it is the value a correct kernel computing wider gives there.
+                off_truth = _apart(ref, wide_ref, judging, atol_scale, own_slack)
+                unsettled |= off_truth
         count = int(unsettled.sum())
-        if count == 0 or count > ambiguous_limit(ref.numel()):
+        limit = ambiguous_limit(ref.numel())
+        if count > limit and off_truth is not None and 0 < int(off_truth.sum()) <= limit:
+            # Over the cap with the perturbations' marks: the elements where the reference is off
+            # the fp64 model are the ones a correct wider kernel is sure to differ at.
+            unsettled, count = off_truth, int(off_truth.sum())
+        if count == 0 or count > limit:
             over_cap += count > 0
             entries.append(None)
             continue
@@ -162,14 +224,16 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
     return map_tensors(out, lambda _tensor: next(pieces)), over_cap
 
 
-def _perturbed_runs(rerun: Callable[[list], Any], inputs: list, seed: int, wide: bool = False) -> list:
-    """``rerun`` on each perturbed pair (``PERTURBATIONS``, seeds ``seed + i``; ``wide``: the
-    pairs kept in fp64): per magnitude, the flat output tensors of its plus and minus runs."""
+def _perturbed_runs(rerun: Callable[[list], Any], inputs: list, seed: int, wide: bool = False,
+                    step_dtype=None) -> list:
+    """``rerun`` on each perturbed pair (each level of ``PERTURBATIONS``, seeds ``seed + i``;
+    ``wide``: the pairs kept in fp64): per magnitude, the flat output tensors of its plus and
+    minus runs."""
     import torch
 
     pairs = []
-    for i, scale in enumerate(PERTURBATIONS):
-        plus, minus = perturbed_inputs(inputs, scale, seed + i, wide=wide)
+    for i in range(len(PERTURBATIONS)):
+        plus, minus = perturbed_inputs(inputs, i, seed + i, wide=wide, step_dtype=step_dtype)
         with torch.no_grad():
             pairs.append((flatten_tensors(rerun(plus)), flatten_tensors(rerun(minus))))
     return pairs
@@ -194,7 +258,7 @@ def _apart(ref, other, judging, atol_scale: float, slack: Optional[Any]):
     return torch.isfinite(r) & torch.isfinite(o) & ((r - o).abs() > _bound(ref, judging, atol_scale, slack))
 
 
-def _tensor_places(value: Any) -> list:
+def tensor_places(value: Any) -> list:
     """The tensors of a value shaped as an output, with None kept where a tensor of the output has
     none (the slack of an integer output)."""
     import torch
@@ -202,7 +266,7 @@ def _tensor_places(value: Any) -> list:
     if value is None or isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensor_places(v)]
+        return [t for v in value for t in tensor_places(v)]
     return []
 
 

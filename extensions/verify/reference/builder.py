@@ -200,6 +200,7 @@ class ReferenceBuilder:
         # Per model (init index): whether its forward runs a step function (``ambiguity``), and a
         # copy of it for the perturbed runs (a model with state must not see extra calls).
         self.steps: dict[int, bool] = {}
+        self.step_dtypes: dict[int, Any] = {}  # per model: the dtype its steps are decided in
         self.fp32_copies: dict[int, Any] = {}
         self.cap = int(job["max_input_numel"])
         self.original_values = {n: c.value for n, c in find_size_constants(source).items()}
@@ -835,6 +836,7 @@ class ReferenceBuilder:
                 except Exception:  # noqa: BLE001 - the perturbed runs below would fail the same way
                     pass
             self.steps[init_index] = watch.seen
+            self.step_dtypes[init_index] = watch.coarsest
         if not self.steps[init_index]:
             return None
 
@@ -844,7 +846,8 @@ class ReferenceBuilder:
         try:
             ambiguous, _over_limit = ambiguous_outputs(out, rerun, inputs, wide, self.input_seed + 7919 * (index + 1),
                                                        self.judging, atol_scale, slack,
-                                                       rerun_wide if wide is not None else None)
+                                                       rerun_wide if wide is not None else None,
+                                                       self.step_dtypes.get(init_index))
         except Exception as exc:  # noqa: BLE001 - a model that rejects perturbed inputs: compared as before
             self.skip("ambiguous elements", f"perturbed reference failed ({type(exc).__name__})")
             return None

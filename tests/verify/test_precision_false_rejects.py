@@ -1,0 +1,142 @@
+"""Correct kernels whose outputs differ from the reference's by its own rounding, not by a mistake.
+
+A comparison in fp16: the reference rounds ``x * y`` to fp16 before comparing it with ``z``; a
+correct kernel compares in fp32, where the product of two fp16 numbers is exact. Where ``z`` is the
+product rounded down, the two take different branches, and the output there is off by a whole
+branch. The problem plants such elements (one in every fourth row); the ambiguous-element detector
+must mark them: where the fp16 reference is off the fp64 model, and where inputs moved by a few
+fp16 ulps flip a branch (fp32-sized moves are rounded away).
+
+Each kernel is judged by the real verifier in the interpreter, with a wrong kernel as the control.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from extensions.config import VerifierConfig
+from extensions.verify import VerifyRequest, verify_batch
+from extensions.verify.common.compare import ambiguous_limit, compare_outputs
+from extensions.verify.common.tensor_io import unpack
+from extensions.verify.parent.reference_data import draw_secret, reference_job
+from extensions.verify.reference.ambiguity import perturbation
+from extensions.verify.reference.builder import ReferenceBuilder
+
+FP16_BRANCH = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Model(nn.Module):
+        def forward(self, x, y, z, a, b):
+            return F.silu(torch.where(x * y > z, a, b))
+
+    batch_size = 16
+    dim = 512
+
+    def get_inputs():
+        x, y, z, a, b = (torch.randn(batch_size, dim).half() for _ in range(5))
+        # One element in every fourth row where z is the product rounded to fp16 (about one in
+        # 2,000, as often as such ties met an inductor kernel): where it was rounded down, fp16's
+        # product equals z and the exact one exceeds it.
+        planted = torch.zeros(batch_size, dim, dtype=torch.bool)
+        planted[::4, torch.randint(0, dim, (1,))] = True
+        z = torch.where(planted, x * y, z)
+        return [x, y, z, a, b]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def _branch_kernel(condition: str) -> str:
+    return textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def branch_kernel(x_ptr, y_ptr, z_ptr, a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = tl.where(CONDITION, a, b)
+            out = v / (1.0 + tl.exp(-v))
+            tl.store(out_ptr + offs, out.to(tl.float16), mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x, y, z, a, b):
+                x, y, z, a, b = (t.contiguous() for t in (x, y, z, a, b))
+                out = torch.empty_like(x)
+                n = x.numel()
+                branch_kernel[(triton.cdiv(n, 1024),)](x, y, z, a, b, out, n, BLOCK=1024)
+                return out
+    ''').replace("CONDITION", condition)
+
+
+BRANCH_IN_FP32 = _branch_kernel("x * y > z")
+# The threshold moved by 1%: the other branch on far more elements than rounding explains.
+BRANCH_SHIFTED = _branch_kernel("x * y > z * 1.01")
+
+JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": True, "num_tests": 3,
+       "shape_variations": False}
+
+
+def _base_set(source: str) -> tuple[ReferenceBuilder, dict]:
+    builder = ReferenceBuilder(source, JOB, draw_secret())
+    builder.build()
+    (chosen,) = [s for s in builder.sets if s["name"] == "base"]
+    return builder, chosen
+
+
+def test_low_precision_perturbations_follow_the_dtype():
+    """fp32 keeps its magnitudes; fp16 and bf16 move by whole ulps of their own, and an fp32 input
+    whose steps are decided in fp16 moves by fp16's."""
+    assert perturbation(0, torch.float32) == 1e-5 and perturbation(2, torch.float64) == 1e-6
+    assert perturbation(0, torch.float16) == 4 * 2.0 ** -10 and perturbation(2, torch.bfloat16) == 2.0 ** -7
+    assert perturbation(1, torch.float32, torch.float16) == 2 * 2.0 ** -10
+
+
+def test_the_fp16_branch_flips_are_marked_and_few():
+    builder, chosen = _base_set(FP16_BRANCH)
+    x, y, z, a, b = unpack(chosen["inputs"], builder.tensors)
+    expected = unpack(chosen["expected"], builder.expected)
+    fp32 = torch.nn.functional.silu(torch.where(x.float() * y.float() > z.float(), a.float(), b.float())).half()
+    config = VerifierConfig()
+    assert compare_outputs(fp32, expected, config) is not None  # the comparison alone rejects it
+    index, values = unpack(chosen["ambiguous"], builder.expected)
+    assert index.numel() <= ambiguous_limit(expected.numel())
+    differing = (fp32 != expected).reshape(-1) & ((fp32.float() - expected.float()).abs() > 1e-2).reshape(-1)
+    assert set(differing.nonzero().reshape(-1).tolist()) <= set(index.tolist())
+    assert compare_outputs(fp32, expected, config, ambiguous=(index, values)) is None
+
+
+@pytest.fixture(scope="module")
+def verdicts(verify_device, verify_isolation):
+    config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2,
+                            multi_input_num_tests=3)
+    cases = {"branch_in_fp32": (FP16_BRANCH, BRANCH_IN_FP32), "branch_shifted": (FP16_BRANCH, BRANCH_SHIFTED)}
+    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in cases.items()],
+                           config, device=verify_device, progress=False)
+    return dict(zip(cases, results))
+
+
+@pytest.mark.parametrize("name", ["branch_in_fp32"])
+def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, verify_device, name):
+    result = verdicts[name]
+    assert result.correct and result.stage == ("full" if verify_device == "cpu" else "timing"), result.error
+
+
+@pytest.mark.parametrize("name", ["branch_shifted"])
+def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
+    result = verdicts[name]
+    assert not result.correct and result.error_category == "mismatch", (name, result.error)
