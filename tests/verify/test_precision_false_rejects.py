@@ -38,12 +38,14 @@ FP16_BRANCH = textwrap.dedent('''
 
     def get_inputs():
         x, y, z, a, b = (torch.randn(batch_size, dim).half() for _ in range(5))
-        # One element in every fourth row where z is the product rounded to fp16 (about one in
-        # 2,000, as often as such ties met an inductor kernel): where it was rounded down, fp16's
-        # product equals z and the exact one exceeds it.
+        # In every fourth row, z is the product rounded to fp16 at the first element where fp16
+        # rounded it down (about one element in 2,000, as often as such ties met an inductor
+        # kernel): the reference's product equals z there, the exact one exceeds it.
+        rounded_down = x.float() * y.float() > (x * y).float()
         planted = torch.zeros(batch_size, dim, dtype=torch.bool)
-        planted[::4, torch.randint(0, dim, (1,))] = True
-        z = torch.where(planted, x * y, z)
+        rows = torch.arange(0, batch_size, 4)
+        planted[rows, rounded_down[rows].int().argmax(dim=1)] = True
+        z = torch.where(planted & rounded_down, x * y, z)
         return [x, y, z, a, b]
 
     def get_init_inputs():
@@ -87,6 +89,68 @@ BRANCH_IN_FP32 = _branch_kernel("x * y > z")
 # The threshold moved by 1%: the other branch on far more elements than rounding explains.
 BRANCH_SHIFTED = _branch_kernel("x * y > z * 1.01")
 
+BF16_BRANCH = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Model(nn.Module):
+        def forward(self, x, y):
+            a = torch.log1p(torch.abs(x))
+            h = F.hardtanh(y, -1.22, 1.22)
+            return torch.where(a > h, a, h * 0.63)
+
+    # The shape of the synthesized problem that met this, twice the rows (a cap of one at 1e-3).
+    batch_size = 600
+    dim = 2
+
+    def get_inputs():
+        x, y = torch.randn(batch_size, dim, dtype=torch.bfloat16), torch.randn(batch_size, dim, dtype=torch.bfloat16)
+        # Twelve elements where y is log1p(|x|) rounded to bf16: the reference's two sides are
+        # equal there, an fp32 kernel's are not (about half of them take the other branch).
+        y[::50, 0] = torch.log1p(torch.abs(x[::50, 0]))
+        return [x, y]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def _bf16_kernel(factor: str) -> str:
+    return textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def where_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            a = tl.log(1.0 + tl.abs(x))
+            h = tl.minimum(tl.maximum(y, -1.22), 1.22)
+            out = tl.where(a > h * FACTOR, a, h * 0.63)
+            tl.store(out_ptr + offs, out.to(tl.bfloat16), mask=mask)
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x, y):
+                x, y = x.contiguous(), y.contiguous()
+                out = torch.empty_like(x)
+                n = x.numel()
+                where_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+                return out
+    ''').replace("FACTOR", factor)
+
+
+# bf16 ties are common: 2 of 600 elements of one set differed so on an inductor kernel.
+BF16_IN_FP32 = _bf16_kernel("1.0")
+# The threshold moved by 10%: the other branch on percents of the elements.
+BF16_SHIFTED = _bf16_kernel("1.1")
+
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": True, "num_tests": 3,
        "shape_variations": False}
 
@@ -104,6 +168,7 @@ def test_low_precision_perturbations_follow_the_dtype():
     assert perturbation(0, torch.float32) == 1e-5 and perturbation(2, torch.float64) == 1e-6
     assert perturbation(0, torch.float16) == 4 * 2.0 ** -10 and perturbation(2, torch.bfloat16) == 2.0 ** -7
     assert perturbation(1, torch.float32, torch.float16) == 2 * 2.0 ** -10
+    assert ambiguous_limit(4096, torch.float16) == 40 and ambiguous_limit(4096, torch.float32) == 4
 
 
 def test_the_fp16_branch_flips_are_marked_and_few():
@@ -114,7 +179,7 @@ def test_the_fp16_branch_flips_are_marked_and_few():
     config = VerifierConfig()
     assert compare_outputs(fp32, expected, config) is not None  # the comparison alone rejects it
     index, values = unpack(chosen["ambiguous"], builder.expected)
-    assert index.numel() <= ambiguous_limit(expected.numel())
+    assert index.numel() <= ambiguous_limit(expected.numel(), expected.dtype)
     differing = (fp32 != expected).reshape(-1) & ((fp32.float() - expected.float()).abs() > 1e-2).reshape(-1)
     assert set(differing.nonzero().reshape(-1).tolist()) <= set(index.tolist())
     assert compare_outputs(fp32, expected, config, ambiguous=(index, values)) is None
@@ -124,19 +189,20 @@ def test_the_fp16_branch_flips_are_marked_and_few():
 def verdicts(verify_device, verify_isolation):
     config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2,
                             multi_input_num_tests=3)
-    cases = {"branch_in_fp32": (FP16_BRANCH, BRANCH_IN_FP32), "branch_shifted": (FP16_BRANCH, BRANCH_SHIFTED)}
+    cases = {"branch_in_fp32": (FP16_BRANCH, BRANCH_IN_FP32), "branch_shifted": (FP16_BRANCH, BRANCH_SHIFTED),
+             "bf16_in_fp32": (BF16_BRANCH, BF16_IN_FP32), "bf16_shifted": (BF16_BRANCH, BF16_SHIFTED)}
     results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in cases.items()],
                            config, device=verify_device, progress=False)
     return dict(zip(cases, results))
 
 
-@pytest.mark.parametrize("name", ["branch_in_fp32"])
+@pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32"])
 def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, verify_device, name):
     result = verdicts[name]
     assert result.correct and result.stage == ("full" if verify_device == "cpu" else "timing"), result.error
 
 
-@pytest.mark.parametrize("name", ["branch_shifted"])
+@pytest.mark.parametrize("name", ["branch_shifted", "bf16_shifted"])
 def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", (name, result.error)

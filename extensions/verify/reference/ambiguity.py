@@ -198,7 +198,7 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
                 off_truth = _apart(ref, wide_ref, judging, atol_scale, own_slack)
                 unsettled |= off_truth
         count = int(unsettled.sum())
-        limit = ambiguous_limit(ref.numel())
+        limit = ambiguous_limit(ref.numel(), ref.dtype)
         if count > limit and off_truth is not None and 0 < int(off_truth.sum()) <= limit:
             # Over the cap with the perturbations' marks: the elements where the reference is off
             # the fp64 model are the ones a correct wider kernel is sure to differ at.
