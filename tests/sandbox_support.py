@@ -176,3 +176,14 @@ def adopting_orphans():
         yield
     finally:
         stop_being_subreaper()
+
+
+def judge_cases(cases: dict, device: str, isolation: str, **settings) -> dict:
+    """Each ``name: (problem, candidate)`` of ``cases`` judged by the real verifier in one batch,
+    by name (``settings``: further VerifierConfig fields)."""
+    from extensions.verify import VerifyRequest, verify_batch
+
+    config = VerifierConfig(device=device, isolation=isolation, timeout_s=120, workers=2, **settings)
+    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in cases.items()],
+                           config, device=device, progress=False)
+    return dict(zip(cases, results))

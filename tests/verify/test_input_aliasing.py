@@ -23,6 +23,7 @@ from extensions.config import VerifierConfig
 from extensions.verify.common.tensor_io import own_copies, pack, stored_spans, unpack
 from extensions.verify.reference.variations import between_elements, in_drawn_layouts, in_drawn_structure
 from extensions.verify.sandboxed.handed_files import fill_gaps, gaps_intact, into_previous_tensors, spaced_apart
+from sandbox_support import judge_cases
 
 REPEATED = (catalog.PROBLEMS_DIR / "repeated_input.py").read_text()  # a * sigmoid(b) on [x, x]
 HALVES = (catalog.PROBLEMS_DIR / "halves_add.py").read_text()  # a + b on [h[:, :48], h[:, 48:]]
@@ -197,12 +198,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def verdicts(verify_device, verify_isolation):
-    from extensions.verify import VerifyRequest, verify_batch
-
-    config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2)
-    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in CASES.items()],
-                           config, device=verify_device, progress=False)
-    return dict(zip(CASES, results))
+    return judge_cases(CASES, verify_device, verify_isolation)
 
 
 def _describe(result) -> str:

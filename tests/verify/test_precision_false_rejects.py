@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from extensions.config import VerifierConfig
-from extensions.verify import VerifyRequest, verify_batch
 from extensions.verify.common.compare import ambiguous_limit, compare_outputs
 from extensions.verify.common.tensor_io import unpack
 from extensions.verify.parent.reference_data import draw_secret, reference_job
 from extensions.verify.reference.ambiguity import perturbation
 from extensions.verify.reference.builder import ReferenceBuilder
+from sandbox_support import judge_cases
 
 FP16_BRANCH = textwrap.dedent('''
     import torch
@@ -187,13 +187,9 @@ def test_the_fp16_branch_flips_are_marked_and_few():
 
 @pytest.fixture(scope="module")
 def verdicts(verify_device, verify_isolation):
-    config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2,
-                            multi_input_num_tests=3)
     cases = {"branch_in_fp32": (FP16_BRANCH, BRANCH_IN_FP32), "branch_shifted": (FP16_BRANCH, BRANCH_SHIFTED),
              "bf16_in_fp32": (BF16_BRANCH, BF16_IN_FP32), "bf16_shifted": (BF16_BRANCH, BF16_SHIFTED)}
-    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in cases.items()],
-                           config, device=verify_device, progress=False)
-    return dict(zip(cases, results))
+    return judge_cases(cases, verify_device, verify_isolation, multi_input_num_tests=3)
 
 
 @pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32"])

@@ -19,6 +19,7 @@ import candidate_catalog as catalog
 from extensions.config import VerifierConfig
 from extensions.verify.parent.reference_data import draw_secret, reference_job
 from extensions.verify.reference.builder import ReferenceBuilder
+from sandbox_support import judge_cases
 
 FLOOR_DIVIDE = (catalog.PROBLEMS_DIR / "int_floor_divide.py").read_text()
 MASKED_LOG_SOFTMAX = (catalog.PROBLEMS_DIR / "masked_log_softmax.py").read_text()
@@ -188,12 +189,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def verdicts(verify_device, verify_isolation):
-    from extensions.verify import VerifyRequest, verify_batch
-
-    config = VerifierConfig(device=verify_device, isolation=verify_isolation, timeout_s=120, workers=2)
-    results = verify_batch([VerifyRequest(problem, code, label=name) for name, (problem, code) in CASES.items()],
-                           config, device=verify_device, progress=False)
-    return dict(zip(CASES, results))
+    return judge_cases(CASES, verify_device, verify_isolation)
 
 
 def _describe(result) -> str:
