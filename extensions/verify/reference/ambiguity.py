@@ -197,6 +197,11 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
                 # finds every one: it is the value a correct kernel computing wider gives there.
                 off_truth = _apart(ref, wide_ref, judging, atol_scale, own_slack)
                 unsettled |= off_truth
+        elif decided_coarsely and position < len(wides) and wides[position].shape == ref.shape:
+            # An integer or bool output of such a step (a comparison returned as is, a floor cast
+            # to long): the fp64 model's own integers, where they differ, are the other answer.
+            off_truth = ref != wides[position].to(ref.dtype).to(ref.device)
+            unsettled |= off_truth
         count = int(unsettled.sum())
         limit = ambiguous_limit(ref.numel(), ref.dtype)
         if count > limit and off_truth is not None and 0 < int(off_truth.sum()) <= limit:
