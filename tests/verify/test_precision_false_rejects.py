@@ -151,6 +151,59 @@ BF16_IN_FP32 = _bf16_kernel("1.0")
 # The threshold moved by 10%: the other branch on percents of the elements.
 BF16_SHIFTED = _bf16_kernel("1.1")
 
+def _fp16_problem(forward_args: str, body: str) -> str:
+    return textwrap.dedent(f'''
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, {forward_args}):
+                return {body}
+
+        batch_size = 16
+        dim = 512
+
+        def get_inputs():
+            return [torch.randn(batch_size, dim).half() for _ in range({forward_args.count(",") + 1})]
+
+        def get_init_inputs():
+            return []
+    ''')
+
+
+def _elementwise_kernel(names: list[str], expression: str, out_dtype: str, store: str = "out") -> str:
+    """A Triton kernel that loads ``names`` (fp16) as fp32 and stores ``out = expression``."""
+    loads = "\n".join(f"    {n} = tl.load({n}_ptr + offs, mask=mask, other=0.0).to(tl.float32)" for n in names)
+    pointers, arguments = ", ".join(f"{n}_ptr" for n in names), ", ".join(names)
+    return (
+        "import torch\nimport torch.nn as nn\nimport triton\nimport triton.language as tl\n\n\n"
+        "@triton.jit\n"
+        f"def elementwise_kernel({pointers}, out_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    mask = offs < n\n"
+        f"{loads}\n"
+        f"    out = {expression}\n"
+        f"    tl.store(out_ptr + offs, {store}, mask=mask)\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        f"    def forward(self, {arguments}):\n"
+        f"        {arguments}, = ({', '.join(f'{n}.contiguous()' for n in names)},)\n"
+        f"        out = torch.empty({names[0]}.shape, dtype={out_dtype}, device={names[0]}.device)\n"
+        f"        n = {names[0]}.numel()\n"
+        f"        elementwise_kernel[(triton.cdiv(n, 1024),)]({arguments}, out, n, BLOCK=1024)\n"
+        "        return out\n")
+
+
+# An fp16 comparison returned as bool: the fp64 model's answers mark the ties an integer output has.
+BOOL_COMPARISON = _fp16_problem("x, y, z", "x * y > z")
+BOOL_TIES = FP16_BRANCH.replace("def forward(self, x, y, z, a, b):", "def forward(self, x, y, z, a, b):\n        return x * y > z")
+BOOL_IN_FP32 = _elementwise_kernel(["x", "y", "z"], "x * y > z", "torch.bool")
+BOOL_SHIFTED = _elementwise_kernel(["x", "y", "z"], "x * y > z + 0.05", "torch.bool")
+# A product of fp16 inputs scaled down by 1e-3 lies among fp16's subnormals, where the reference
+# strays from the product by percents: such a set is kept only where the reference is exact.
+PRODUCT = _fp16_problem("x, y", "x * y * 3.0")
+PRODUCT_IN_FP32 = _elementwise_kernel(["x", "y"], "x * y * 3.0", "torch.float16", "out.to(tl.float16)")
+PRODUCT_OFF = _elementwise_kernel(["x", "y"], "x * y * 3.1", "torch.float16", "out.to(tl.float16)")
+
 JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": True, "num_tests": 3,
        "shape_variations": False}
 
@@ -185,20 +238,46 @@ def test_the_fp16_branch_flips_are_marked_and_few():
     assert compare_outputs(fp32, expected, config, ambiguous=(index, values)) is None
 
 
+def test_a_subnormal_fp16_set_is_kept_only_where_its_reference_is_exact():
+    """Scaled down by 10^-3.5, a product of fp16 inputs lies among the subnormals; the reference
+    strays from it by percents there, so the set is skipped unless it is exact."""
+    secret = draw_secret()
+    secret["transforms"]["scale_down"] = 10 ** -3.5
+    builder = ReferenceBuilder(PRODUCT, {**JOB, "num_tests": 5}, secret)
+    builder.build()
+    scaled = [s for s in builder.sets if s["name"].startswith("scale_down")]
+    for chosen in scaled:
+        x, y = unpack(chosen["inputs"], builder.tensors)
+        wider = (x.double() * y.double() * 3.0).half()
+        assert compare_outputs(wider, unpack(chosen["expected"], builder.expected), VerifierConfig()) is None
+    assert scaled or any("scale_down" in str(skip) for skip in builder.skipped_sets)
+
+
+def test_the_bool_answers_of_fp16_ties_are_marked():
+    builder, chosen = _base_set(BOOL_TIES)
+    x, y, z, *_ = unpack(chosen["inputs"], builder.tensors)
+    expected = unpack(chosen["expected"], builder.expected)
+    wider = x.float() * y.float() > z.float()
+    assert bool((wider != expected).any())  # the planted ties
+    assert compare_outputs(wider, expected, VerifierConfig(), ambiguous=unpack(chosen["ambiguous"], builder.expected)) is None
+
+
 @pytest.fixture(scope="module")
 def verdicts(verify_device, verify_isolation):
     cases = {"branch_in_fp32": (FP16_BRANCH, BRANCH_IN_FP32), "branch_shifted": (FP16_BRANCH, BRANCH_SHIFTED),
-             "bf16_in_fp32": (BF16_BRANCH, BF16_IN_FP32), "bf16_shifted": (BF16_BRANCH, BF16_SHIFTED)}
+             "bf16_in_fp32": (BF16_BRANCH, BF16_IN_FP32), "bf16_shifted": (BF16_BRANCH, BF16_SHIFTED),
+             "bool_in_fp32": (BOOL_COMPARISON, BOOL_IN_FP32), "bool_shifted": (BOOL_COMPARISON, BOOL_SHIFTED),
+             "product_in_fp32": (PRODUCT, PRODUCT_IN_FP32), "product_off": (PRODUCT, PRODUCT_OFF)}
     return judge_cases(cases, verify_device, verify_isolation, multi_input_num_tests=3)
 
 
-@pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32"])
+@pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32", "bool_in_fp32", "product_in_fp32"])
 def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, verify_device, name):
     result = verdicts[name]
     assert result.correct and result.stage == ("full" if verify_device == "cpu" else "timing"), result.error
 
 
-@pytest.mark.parametrize("name", ["branch_shifted", "bf16_shifted"])
+@pytest.mark.parametrize("name", ["branch_shifted", "bf16_shifted", "bool_shifted", "product_off"])
 def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", (name, result.error)
