@@ -16,7 +16,7 @@ from extensions.timing.cuda_trace import read_device_events
 from extensions.timing.report import LAUNCH_COSTS, LAUNCH_EXCLUDED, LAUNCH_INCLUDED
 from extensions.timing.schedule import CANDIDATE, REFERENCE, CallTiming
 from extensions.timing.tensors import (flatten_tensors, group_span, held_elsewhere, plain_output, storage_groups,
-                                       stored_stretch, view_span, with_elements)
+                                       stored_stretch, view_span, views_over, with_elements)
 
 # The caller's output comparison: ``compare(candidate, reference, config)`` is None when the two
 # agree and describes the first difference otherwise. The verifier hands in its own, so the timer
@@ -203,12 +203,8 @@ class _LiveInputs:
                 span = group_span(input_set, members)
                 first = input_set[members[0]]
                 buffer = torch.empty(span, dtype=first.dtype, device=first.device)
-                views: dict[int, Any] = {}
-                for position in members:
-                    x = input_set[position]
-                    if id(x) not in views:
-                        views[id(x)] = buffer.as_strided(x.shape, x.stride(), x.storage_offset())
-                    shared[position] = (views[id(x)], span)
+                for position, view in views_over(buffer, input_set, members).items():
+                    shared[position] = (view, span)
             args, spans = [], {}
             for position, x in enumerate(input_set):
                 if isinstance(x, torch.Tensor):

@@ -207,3 +207,20 @@ def group_span(values: Any, members: list[int]) -> int:
     base = torch._C.TensorBase
     return max(view_span(list(values[p].shape), list(base.stride(values[p])), base.storage_offset(values[p]))
                for p in members)
+
+
+def views_over(stretch: Any, values: Any, members: list[int]) -> dict[int, Any]:
+    """Per position in ``members`` (a ``storage_groups`` group of ``values``): its tensor viewed on
+    ``stretch`` (a flat storage standing for theirs from its start) with its own shape, strides
+    and offset; one view per tensor object, so a tensor passed twice stays one tensor."""
+    import torch
+
+    base = torch._C.TensorBase
+    by_object: dict[int, Any] = {}
+    views: dict[int, Any] = {}
+    for position in members:
+        tensor = values[position]
+        if id(tensor) not in by_object:
+            by_object[id(tensor)] = stretch.as_strided(tensor.shape, base.stride(tensor), base.storage_offset(tensor))
+        views[position] = by_object[id(tensor)]
+    return views

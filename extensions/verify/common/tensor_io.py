@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from extensions.timing.tensors import (flatten_tensors, group_span, map_tensors, storage_groups, stored_stretch,
-                                       view_span)
+                                       view_span, views_over)
 
 JSON_SCALARS = (bool, int, float, str, type(None))
 
@@ -130,18 +130,13 @@ def own_copies(values: Any, device: Any = None, convert=None) -> Any:
     forward that writes into one input sees the other change, as on the problem's own call.
     ``convert(tensor)``: the copy instead of ``own_copy``, made of a flat stretch for shared
     storages (element by element: a dtype change, absolute values)."""
-    import torch
-
     convert = convert or (lambda t: own_copy(t, device))
     tensors = flatten_tensors(values)
     made: dict[int, Any] = {}
-    base = torch._C.TensorBase
     for members in storage_groups(tensors):
         stretch = convert(stored_stretch(tensors[members[0]], group_span(tensors, members)))
-        for position in members:
-            tensor = tensors[position]
-            if id(tensor) not in made:
-                made[id(tensor)] = stretch.as_strided(tensor.shape, base.stride(tensor), base.storage_offset(tensor))
+        for position, view in views_over(stretch, tensors, members).items():
+            made[id(tensors[position])] = view
 
     def copy(tensor):
         if id(tensor) not in made:

@@ -7,7 +7,7 @@ candidate never sees; the builder (``builder.py``) decides which are kept.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 from ..common.problem_constants import varied_int, varied_scalar, varied_zero
 
@@ -234,7 +234,7 @@ def in_drawn_storages(drawn: list, varied: list, between: list | None = None) ->
     as it is."""
     import torch
 
-    from extensions.timing.tensors import group_span, storage_groups
+    from extensions.timing.tensors import group_span, storage_groups, views_over
 
     from ..common.tensor_io import stored_stretch
 
@@ -257,12 +257,8 @@ def in_drawn_storages(drawn: list, varied: list, between: list | None = None) ->
             before = drawn[p]
             where = torch.as_strided(places, before.shape, before.stride(), before.storage_offset())
             stretch[where.reshape(-1)] = after.reshape(-1)
-        views: dict[int, Any] = {}
-        for p in members:
-            before = drawn[p]
-            if id(before) not in views:
-                views[id(before)] = stretch.as_strided(before.shape, before.stride(), before.storage_offset())
-            laid[p] = views[id(before)]
+        for p, view in views_over(stretch, drawn, members).items():
+            laid[p] = view
     return laid
 
 

@@ -156,7 +156,7 @@ def spaced_apart(values: list, device: str) -> list:
     that another view holds is that view's, not a gap."""
     import torch
 
-    from extensions.timing.tensors import flatten_tensors, map_tensors
+    from extensions.timing.tensors import flatten_tensors, map_tensors, views_over
 
     from ..common.tensor_io import memory_order, storage_units, stored_stretch
 
@@ -191,10 +191,8 @@ def spaced_apart(values: list, device: str) -> list:
             # (``unpack`` gave it a storage of its own starting there): the stretch is copied
             # whole, then viewed alike.
             view.copy_(stored_stretch(first, span))
-            for position in positions:
-                tensor = tensors[position]
-                if id(tensor) not in placed:
-                    placed[id(tensor)] = view.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
+            for position, tensor_view in views_over(view, tensors, positions).items():
+                placed.setdefault(id(tensors[position]), tensor_view)
         else:
             # The handed layout as it was packed (a permutation of a contiguous one, or contiguous).
             view = view.view(first.shape) if memory_order(first) is None else \
