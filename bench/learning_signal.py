@@ -16,12 +16,14 @@ Then the project's own stages on it:
     sft        LoRA SFT on what the data stage builds (configs/learning-signal.yaml: the synthesized
                pairs, verified and decontaminated against the held-out tasks)
     sft_eval   evaluate sft/final
-    rl         Best-of-N RL rounds (resumes after the last finished round) on the RL-training tasks:
-               the split's KernelBench problems and the data stage's RL share of the synthesized
-               programs (problems whose pairs are in neither SFT split, decontaminated like them)
+    rl         RL rounds of the config's objective (GRPO; resumes after the last finished round) on
+               the RL-training tasks: the split's KernelBench problems and the data stage's RL share
+               of the synthesized programs (problems whose pairs are in neither SFT split,
+               decontaminated like them)
     rl_eval    evaluate every round-NNN (rl_eval_<n>: round n only)
-    report     correct rate, fast_1 and pass@k (pass@1 and pass@8 at 8 samples) per model with
-               bootstrap 95% intervals over tasks, paired differences between consecutive models,
+    report     correct rate (overall and per level), fast_1 and pass@k (pass@1 and pass@8 at 8
+               samples) per model with bootstrap 95% intervals over tasks, paired differences
+               between consecutive models (correct rate also per level), each RL round's numbers,
                the decontamination report, a table and a plot of the held-out correct rate
                against the RL round; every model's answers and verdicts are saved beside them
 
@@ -382,6 +384,9 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
     tasks = [t for t in report["tasks"] if t["samples"]]
     summary = {
         "correct_rate": interval(list(per_task_scores(report, "correct_rate").values()), resamples, 1),
+        # The goal is stated for level 1 (the published anchor's level), so each level has its own rate.
+        "correct_rate_by_level": {str(level): interval(list(scores.values()), resamples, 20 + level)
+                                  for level, scores in sorted(scores_by_level(report, "correct_rate").items())},
         "compiled_rate": interval(list(per_task_scores(report, "compiled_rate").values()), resamples, 2),
         "timing": bool(report["verification"]["timing"]),
     }
@@ -397,6 +402,37 @@ def model_summary(report: dict, samples: int, resamples: int) -> dict[str, Any]:
     summary["answer_lengths"] = report.get("answer_lengths")
     summary["skipped_tasks"] = report.get("skipped_tasks", [])
     return summary
+
+
+def scores_by_level(report: dict, metric: str) -> dict[int, dict[str, float]]:
+    """``per_task_scores`` grouped by the tasks' KernelBench level (tasks without one left out)."""
+    from extensions.evaluation.compare import per_task_scores
+
+    levels = {t["task_id"]: t.get("level") for t in report["tasks"]}
+    grouped: dict[int, dict[str, float]] = {}
+    for task_id, score in per_task_scores(report, metric).items():
+        if levels.get(task_id) is not None:
+            grouped.setdefault(int(levels[task_id]), {})[task_id] = score
+    return grouped
+
+
+def level_differences(reports: dict[str, dict], pairs: list[tuple[str, str]], resamples: int) -> list[dict]:
+    """Paired correct-rate differences per level (candidate - baseline, over the tasks both have),
+    with 95% bootstrap intervals."""
+    from extensions.evaluation.stats import paired_bootstrap
+
+    rows = []
+    for baseline, candidate in pairs:
+        before, after = scores_by_level(reports[baseline], "correct_rate"), scores_by_level(reports[candidate], "correct_rate")
+        for level in sorted(set(before) & set(after)):
+            shared = sorted(set(before[level]) & set(after[level]))
+            if not shared:
+                continue
+            result = paired_bootstrap([after[level][t] - before[level][t] for t in shared], resamples, 30 + level)
+            rows.append({"baseline": baseline, "candidate": candidate, "level": level, "label": f"correct %, level {level}",
+                         "mean": result.mean, "low": result.low, "high": result.high, "tasks": result.num_tasks,
+                         "significant": result.low is not None and (result.low > 0 or result.high < 0)})
+    return rows
 
 
 FAILURE_KINDS = ("no code block", "syntax error", "unbound name", "other static rule", "compile error",
@@ -435,7 +471,8 @@ def failure_breakdown(report: dict) -> dict[str, int]:
 
 
 def rl_round_summary(cfg) -> list[dict]:
-    """Each RL round as it ran on the RL tasks: correct samples, what Best-of-N kept, update steps."""
+    """Each RL round as it ran on the RL tasks: correct samples, what it trained on (Best-of-N's kept
+    answers, or a policy gradient's samples with a non-zero advantage), update steps."""
     from extensions.runtime.io import read_jsonl
     from extensions.runtime.paths import RunPaths
 
@@ -443,8 +480,9 @@ def rl_round_summary(cfg) -> list[dict]:
     rounds = []
     for _, row in (read_jsonl(log) if log.is_file() else []):
         if row.get("kind") == "round":
-            rounds.append({key: row.get(key) for key in ("round", "algorithm", "candidates", "correct", "reward_mean",
-                                                         "kept", "kept_tasks", "train_steps", "correct_rate_by_level")}
+            rounds.append({key: row.get(key) for key in ("round", "algorithm", "reward_preset", "candidates", "correct",
+                                                         "reward_mean", "kept", "kept_tasks", "trained_samples", "groups",
+                                                         "zero_spread_groups", "train_steps", "correct_rate_by_level")}
                           | {"seconds": row.get("seconds")})
     return rounds
 
@@ -465,8 +503,10 @@ def build_results(cfg, names: list[str], reports: dict[str, dict], split: dict, 
     paired = compare_reports({n: reports[n] for n in names}, bootstrap_samples=resamples)
     consecutive = {(a, b) for a, b in zip(names, names[1:])} | {(names[0], names[-1])}
     differences = [d for d in paired["differences"] if (d["baseline"], d["candidate"]) in consecutive]
+    ordered_pairs = sorted(consecutive, key=lambda pair: (names.index(pair[1]), names.index(pair[0])))
     return {
         "device": device or device_name(), "models": models, "model_order": names, "differences": differences,
+        "level_differences": level_differences(reports, ordered_pairs, resamples),
         "phase_seconds": clock.seconds, "split": {k: v for k, v in split.items() if k != "rl_rows"},
         "samples_per_task": cfg.eval.samples_per_task, "eval_seed": cfg.eval.seed,
         "decontamination": decontamination_report(cfg, split), "config_overrides": overrides,
@@ -521,9 +561,14 @@ def table(results: dict) -> str:
     metrics = ["correct_rate", "compiled_rate", "fast_1", "pass@1"]
     metrics += sorted({k for m in results["models"].values() for k in m if k.startswith("pass@") and k != "pass@1"},
                       key=lambda k: int(k.split("@")[1]))
-    lines = ["| model | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+    levels = sorted({level for m in results["models"].values() for level in m.get("correct_rate_by_level") or {}}, key=int)
+    header = metrics[:1] + [f"correct, level {level}" for level in levels] + metrics[1:]
+    lines = ["| model | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     for name in results["model_order"]:
-        lines.append(f"| {name} | " + " | ".join(fmt(results["models"][name].get(m)) for m in metrics) + " |")
+        model = results["models"][name]
+        cells = [fmt(model.get(m)) for m in metrics]
+        by_level = [fmt((model.get("correct_rate_by_level") or {}).get(level)) for level in levels]
+        lines.append(f"| {name} | " + " | ".join(cells[:1] + by_level + cells[1:]) + " |")
     lines += ["", "| model | stops at: extract / static / compile / tiny / full | answers cut off at max_new_tokens | "
               "new tokens median / p90 / max |", "|---|---|---|---|"]
     for name in results["model_order"]:
@@ -540,16 +585,28 @@ def table(results: dict) -> str:
         failures = results["models"][name].get("failures") or {}
         lines.append(f"| {name} | " + " | ".join(str(failures.get(kind, "n/a")) for kind in FAILURE_KINDS) + " |")
     if results.get("rl_rounds"):
-        lines += ["", "| RL round (on the RL tasks) | correct / samples | reward mean | kept (tasks) | update steps | seconds |",
+        lines += ["", "| RL round (on the RL tasks) | correct / samples | reward mean | trained on | update steps | seconds |",
                   "|---|---|---|---|---|---|"]
         for r in results["rl_rounds"]:
             lines.append(f"| {r['round']} ({r['algorithm']}) | {r['correct']} / {r['candidates']} | {r['reward_mean']:.3f} | "
-                         f"{r['kept']} ({r['kept_tasks']}) | {r['train_steps']} | {(r.get('seconds') or {}).get('round_s', 0):.0f} |")
+                         f"{trained_on(r)} | {r['train_steps']} | {(r.get('seconds') or {}).get('round_s', 0):.0f} |")
     lines += ["", "| paired difference (pp) | metric | mean [95% CI] | significant |", "|---|---|---|---|"]
-    for d in results["differences"]:
+    for d in results["differences"] + results.get("level_differences", []):
         ci = "n/a" if d["low"] is None else f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
         lines.append(f"| {d['candidate']} - {d['baseline']} | {d['label']} | {ci} | {'yes' if d['significant'] else 'no'} |")
     return "\n".join(lines)
+
+
+def trained_on(round_row: dict) -> str:
+    """What a round's update saw: Best-of-N's kept answers, or the samples a policy gradient weighs
+    (those of groups whose rewards differ; a group of equal rewards has no advantage)."""
+    if round_row.get("kept") is not None:
+        return f"{round_row['kept']} kept ({round_row.get('kept_tasks')} tasks)"
+    if round_row.get("trained_samples") is not None:
+        groups, flat = round_row.get("groups"), round_row.get("zero_spread_groups")
+        spread = f", {groups - flat} of {groups} groups with a reward spread" if groups is not None and flat is not None else ""
+        return f"{round_row['trained_samples']} samples{spread}"
+    return "n/a"
 
 
 def plot(results: dict, path: Path) -> None:
@@ -561,12 +618,18 @@ def plot(results: dict, path: Path) -> None:
     names = results["model_order"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     # Correct rate, and the compiled rate beside it: while nothing is correct, what training moved.
-    for metric, label, marker in (("correct_rate", "correct", "o"), ("compiled_rate", "compiled", "s")):
-        blocks = [results["models"][n][metric] for n in names]
+    series = [("correct", "o", "-", [results["models"][n]["correct_rate"] for n in names]),
+              ("compiled", "s", "-", [results["models"][n]["compiled_rate"] for n in names])]
+    levels = sorted({level for n in names for level in results["models"][n].get("correct_rate_by_level") or {}}, key=int)
+    for level in levels:  # the goal is stated for level 1; a level's line shows where the correct answers are
+        blocks = [(results["models"][n].get("correct_rate_by_level") or {}).get(level) for n in names]
+        if all(blocks):
+            series.append((f"correct, level {level}", "^", "--", blocks))
+    for label, marker, style, blocks in series:
         means = [b["mean"] for b in blocks]
         low = [b["mean"] - (b["low"] if b["low"] is not None else b["mean"]) for b in blocks]
         high = [(b["high"] if b["high"] is not None else b["mean"]) - b["mean"] for b in blocks]
-        ax.errorbar(range(len(names)), means, yerr=[low, high], marker=marker, capsize=4, label=label)
+        ax.errorbar(range(len(names)), means, yerr=[low, high], marker=marker, linestyle=style, capsize=4, label=label)
     labels = {"base": "base", "sft": "SFT"}
     ax.set_xticks(range(len(names)), [labels.get(n) or f"RL {n.rsplit('_', 1)[1]}" for n in names])
     ax.legend()

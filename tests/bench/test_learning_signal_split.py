@@ -94,6 +94,10 @@ def test_quick_run_goes_through_every_phase(project_root, kernelbench_jsonl, tmp
         assert sum(results["models"][name]["failures"].values()) == 2 * 2, results["models"][name]["failures"]
     assert [r["round"] for r in results["rl_rounds"]] == [1] and results["rl_rounds"][0]["candidates"] >= 1
     assert "| RL round (on the RL tasks) |" in (out / "learning_signal.md").read_text()
+    # The config's objective ran, and the held-out rates are also given per level.
+    assert results["rl_rounds"][0]["algorithm"] == "grpo"
+    assert set(results["models"]["sft"]["correct_rate_by_level"]) == {"1", "2"}
+    assert "correct, level 1" in (out / "learning_signal.md").read_text()
     # Each model's answers and verdicts are kept with the results.
     for name in results["model_order"]:
         assert (out / "answers" / f"generations_{name}.jsonl.gz").is_file()
