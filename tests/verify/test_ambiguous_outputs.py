@@ -18,7 +18,8 @@ from extensions.config import VerifierConfig
 from extensions.timing import measure_speedup
 from extensions.timing.schedule import LOCALISED_MAX
 from extensions.verify import VerifyRequest, verify_batch
-from extensions.verify.common.compare import AMBIGUOUS_MAX, ambiguous_limit, compare_outputs, disagreeing_elements
+from extensions.verify.common.compare import (AMBIGUOUS_MAX, ambiguous_bound, ambiguous_limit, compare_outputs,
+                                             disagreeing_elements)
 from extensions.verify.common.tensor_io import pack, unpack
 from extensions.verify.parent.candidate_run import CandidateRun
 from extensions.verify.parent.reference_data import draw_secret, reference_job
@@ -270,11 +271,14 @@ def test_an_ambiguous_element_accepts_only_the_references_own_values():
 
 
 def test_more_ambiguous_elements_than_the_limit_or_a_malformed_entry_are_not_used():
+    """The reference keeps each output to its ``ambiguous_limit``; what it hands over is used up to
+    ``ambiguous_bound``, the largest limit (steps decided in fp16), and not beyond."""
     config = VerifierConfig()
     numel = 4096
     reference = torch.arange(numel, dtype=torch.float32)
-    limit = ambiguous_limit(numel)
-    assert limit == 4 and ambiguous_limit(10) == 1 and ambiguous_limit(1 << 30) == AMBIGUOUS_MAX
+    assert ambiguous_limit(numel) == 4 and ambiguous_limit(10) == 1 and ambiguous_limit(1 << 30) == AMBIGUOUS_MAX
+    limit = ambiguous_bound(numel)
+    assert limit == 40 and ambiguous_bound(1 << 30) == AMBIGUOUS_MAX
     off = reference.clone()
     off[:limit + 1] -= 1
     everywhere = (torch.arange(limit + 1), torch.stack([reference[:limit + 1], off[:limit + 1]], dim=1))

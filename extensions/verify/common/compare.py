@@ -21,7 +21,8 @@ Checks, per output tensor (tuples are compared element-wise):
   the few output elements the reference itself cannot decide (``reference.ambiguity``), each with
   the values the reference gave there in fp32, in fp64 and on inputs perturbed by ~1e-6..1e-5; at
   those elements alone the candidate is compared with the nearest of them. At most
-  ``ambiguous_limit`` elements per output; a malformed or larger set is not used.
+  ``ambiguous_limit`` elements per output (the reference keeps to it; a malformed set, or one
+  larger than ``ambiguous_bound``, is not used).
 """
 from __future__ import annotations
 
@@ -47,11 +48,22 @@ AMBIGUOUS_MAX = 16384
 AMBIGUOUS_SHARE_LOW_PRECISION = 1e-2
 
 
-def ambiguous_limit(numel: int, dtype=None) -> int:
-    """How many elements of an output of ``numel`` (of ``dtype``: None, or an integer or fp32 one,
-    the default share) may be ambiguous (one at least, for tiny outputs)."""
-    share = AMBIGUOUS_SHARE_LOW_PRECISION if str(dtype).replace("torch.", "") in LOW_PRECISION else AMBIGUOUS_SHARE
-    return min(AMBIGUOUS_MAX, max(1, int(numel * share)))
+def ambiguous_limit(numel: int, dtype=None, *, coarse: bool = False) -> int:
+    """How many elements of an output of ``numel`` may be ambiguous (one at least, for tiny
+    outputs): the low-precision share where the output is fp16/bf16 (``dtype``) or its steps are
+    decided in one (``coarse``: the reference computes from such inputs or casts to one; a floor
+    returned as integers, or a comparison as bools, has as many ties as the fp16 values it came
+    from), the default share otherwise."""
+    low = coarse or str(dtype).replace("torch.", "") in LOW_PRECISION
+    return min(AMBIGUOUS_MAX, max(1, int(numel * (AMBIGUOUS_SHARE_LOW_PRECISION if low else AMBIGUOUS_SHARE))))
+
+
+def ambiguous_bound(numel: int) -> int:
+    """The most ambiguous elements any output of ``numel`` elements may carry, whatever decided its
+    steps: what a set's ambiguous elements, or a candidate's disagreements put to the parent, are
+    checked against as well-formed. The trusted reference keeps each output to its own
+    ``ambiguous_limit``; every element is still judged against its alternatives."""
+    return ambiguous_limit(numel, coarse=True)
 
 
 @dataclass
@@ -112,7 +124,7 @@ def compare_outputs(candidate: Any, reference: Any, config, where: str = "output
 def with_nearest_alternatives(out, ref, ambiguous):
     """``ref`` with each ambiguous element replaced by the alternative nearest to ``out`` there;
     ``ref`` itself where ``ambiguous`` is not a well-formed pair for it (or the output has more
-    ambiguous elements than ``ambiguous_limit``). ``out`` and ``ref`` have the same shape."""
+    ambiguous elements than ``ambiguous_bound``). ``out`` and ``ref`` have the same shape."""
     import torch
 
     if not (isinstance(ambiguous, (list, tuple)) and len(ambiguous) == 2):
@@ -123,7 +135,7 @@ def with_nearest_alternatives(out, ref, ambiguous):
     count = index.numel()
     if (index.dtype != torch.int64 or index.dim() != 1 or values.dim() != 2 or values.shape[0] != count
             or values.dtype != ref.dtype or out.dtype != ref.dtype or count == 0
-            or count > ambiguous_limit(ref.numel(), ref.dtype)):
+            or count > ambiguous_bound(ref.numel())):
         return ref
     index = index.to(ref.device)
     if bool((index < 0).any()) or bool((index >= ref.numel()).any()):
@@ -186,7 +198,7 @@ def disagreeing_elements(candidate: Any, reference: Any, config) -> Optional[lis
     """Where two outputs of one structure disagree element by element (outside atol + rtol |ref|,
     a NaN or infinity at another place, an integer that differs): per tensor of the output, the
     flat indices (None where it has none). None when the structure, a shape or a dtype differs,
-    when nothing disagrees element-wise, or when a tensor has more than ``ambiguous_limit`` such
+    when nothing disagrees element-wise, or when a tensor has more than ``ambiguous_bound`` such
     elements: only a disagreement small enough to be the reference's own ambiguous elements is
     worth telling apart (``timing``'s localised mismatches, judged by the parent)."""
     import torch
@@ -215,7 +227,7 @@ def disagreeing_elements(candidate: Any, reference: Any, config) -> Optional[lis
                 bad = o != r
             pieces.append(bad.nonzero().reshape(-1) + begin)
         index = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
-        if index.numel() > ambiguous_limit(flat_ref.numel(), ref.dtype):
+        if index.numel() > ambiguous_bound(flat_ref.numel()):
             return None
         found = found or index.numel() > 0
         places.append(index if index.numel() else None)

@@ -203,7 +203,7 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
             off_truth = ref != wides[position].to(ref.dtype).to(ref.device)
             unsettled |= off_truth
         count = int(unsettled.sum())
-        limit = ambiguous_limit(ref.numel(), ref.dtype)
+        limit = ambiguous_limit(ref.numel(), ref.dtype, coarse=decided_coarsely)
         if count > limit and off_truth is not None and 0 < int(off_truth.sum()) <= limit:
             # Over the cap with the perturbations' marks: the elements where the reference is off
             # the fp64 model are the ones a correct wider kernel is sure to differ at.
