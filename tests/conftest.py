@@ -75,6 +75,17 @@ def project_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def learning_signal(project_root: Path):
+    """``bench/learning_signal.py`` as a module (a benchmark script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learning_signal", project_root / "bench" / "learning_signal.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
 def kernelbench_jsonl() -> Path:
     if not KERNELBENCH_JSONL.is_file():
         pytest.skip(f"KernelBench data not found at {KERNELBENCH_JSONL}")

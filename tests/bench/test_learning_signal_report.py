@@ -1,17 +1,7 @@
 """The learning-signal report: per-level correct rates and what each RL round trained on."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-
-
-@pytest.fixture(scope="module")
-def learning_signal(project_root):
-    spec = importlib.util.spec_from_file_location("learning_signal_report", project_root / "bench" / "learning_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def eval_report(correct_by_task: dict[str, tuple[int, int]]) -> dict:

@@ -1,18 +1,7 @@
 """The learning-signal benchmark's task split: fixed, disjoint, and decontaminated."""
 from __future__ import annotations
 
-import importlib.util
 import json
-
-import pytest
-
-
-@pytest.fixture(scope="module")
-def learning_signal(project_root):
-    spec = importlib.util.spec_from_file_location("learning_signal", project_root / "bench" / "learning_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_split_is_fixed_disjoint_and_balanced_by_level(learning_signal, kernelbench_jsonl):

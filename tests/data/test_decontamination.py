@@ -2,7 +2,6 @@
 the synthesizer's filter and the learning-signal split."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -188,14 +187,6 @@ def test_synthesizer_screens_programs_by_computation(tmp_path, kernelbench_rows)
 
 
 # -- the learning-signal split --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def learning_signal(project_root):
-    spec = importlib.util.spec_from_file_location("learning_signal", project_root / "bench" / "learning_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_split_drops_rl_problems_computing_a_heldout_one(learning_signal, kernelbench_rows):
     gelu = kernelbench_rows["26_GELU_"]
     twin = {"level": 1, "problem_id": 999, "name": "999_gelu_module", "code": GELU_SPELLINGS["module"]}
