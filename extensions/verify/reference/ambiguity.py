@@ -93,6 +93,15 @@ def coarsest_dtype(dtypes) -> Any:
     return max(floating, key=lambda d: torch.finfo(d).eps, default=None)
 
 
+def steps_decided_coarsely(step_dtype, inputs: list) -> bool:
+    """Whether the reference decides its steps in fp16/bf16: its steps are seen in such a dtype
+    (``step_dtype``, from ``step_watch``), or the inputs it computes from are one."""
+    import torch
+
+    coarsest = coarsest_dtype([step_dtype, *(v.dtype for v in flatten_tensors(inputs) if v.is_floating_point())])
+    return coarsest is not None and torch.finfo(coarsest).eps > torch.finfo(torch.float32).eps
+
+
 def perturbation(level: int, dtype, step_dtype=None) -> float:
     """The relative magnitude of perturbation ``level`` for an input of ``dtype`` where the steps
     are decided in ``step_dtype`` (None: unknown): ``PERTURBATIONS`` where both are fp32 or
@@ -167,10 +176,7 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
         except Exception:  # noqa: BLE001 - an op without fp64: the fp32 runs decide alone
             wide_pairs = []
     slacks = tensor_places(slack) if slack is not None else []
-    # Whether the reference decides its steps in fp16/bf16: its steps (seen in that dtype), or
-    # the inputs it computes from, are.
-    coarsest = coarsest_dtype([step_dtype, *(v.dtype for v in flatten_tensors(inputs) if v.is_floating_point())])
-    decided_coarsely = coarsest is not None and torch.finfo(coarsest).eps > torch.finfo(torch.float32).eps
+    decided_coarsely = steps_decided_coarsely(step_dtype, inputs)
     entries = []
     for position, ref in enumerate(references):
         runs = [(p[position], m[position]) for p, m in pairs

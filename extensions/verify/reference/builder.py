@@ -20,7 +20,7 @@ from ..common.problem_constants import (find_scalar_constants, find_size_constan
                                         odd_size, rewrite_constants, shrink_step, varied_scalar, varied_zero)
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from ..common.tensor_io import own_copies, own_copy, pack
-from .ambiguity import ambiguous_outputs, step_watch
+from .ambiguity import ambiguous_outputs, step_watch, steps_decided_coarsely
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, all_finite,
                          capped_slack, like, rms, same_non_finite, scaled_tolerances)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_storages,
@@ -235,7 +235,7 @@ class ReferenceBuilder:
         self.base_finite = True  # the base set's output, and whether its inputs hold a float tensor
         self.float_inputs = False
         self.fp16_inputs = False
-        self.integers_of_coarse_steps = False  # fp16/bf16 inputs, an integer or bool output
+        self.integers_of_coarse_steps = False  # steps decided in fp16/bf16, an integer or bool output
         self.tensors: dict[str, Any] = {}
         self.expected: dict[str, Any] = {}
 
@@ -358,9 +358,8 @@ class ReferenceBuilder:
             self.base_finite = all_finite(out)
             self.float_inputs = any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in inputs)
             self.fp16_inputs = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in inputs)
-            self.integers_of_coarse_steps = (
-                any(isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) for v in inputs)
-                and any(not t.is_floating_point() for t in flatten_tensors(out)))
+            self.integers_of_coarse_steps = (steps_decided_coarsely(self.step_dtypes.get(init_index), inputs)
+                                             and any(not t.is_floating_point() for t in flatten_tensors(out)))
             self.integer_inputs = any(integer_operand(value) for value in inputs)
         self.sets.append({
             "name": name, "kind": kind, "timing": timing, "atol_scale": atol_scale, "init": init_index,
