@@ -431,7 +431,7 @@ def level_differences(reports: dict[str, dict], pairs: list[tuple[str, str]], re
             result = paired_bootstrap([after[level][t] - before[level][t] for t in shared], resamples, 30 + level)
             rows.append({"baseline": baseline, "candidate": candidate, "level": level, "label": f"correct %, level {level}",
                          "mean": result.mean, "low": result.low, "high": result.high, "tasks": result.num_tasks,
-                         "significant": result.low is not None and (result.low > 0 or result.high < 0)})
+                         "significant": result.significant})
     return rows
 
 
@@ -561,7 +561,7 @@ def table(results: dict) -> str:
     metrics = ["correct_rate", "compiled_rate", "fast_1", "pass@1"]
     metrics += sorted({k for m in results["models"].values() for k in m if k.startswith("pass@") and k != "pass@1"},
                       key=lambda k: int(k.split("@")[1]))
-    levels = sorted({level for m in results["models"].values() for level in m.get("correct_rate_by_level") or {}}, key=int)
+    levels = reported_levels(results)
     header = metrics[:1] + [f"correct, level {level}" for level in levels] + metrics[1:]
     lines = ["| model | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
     for name in results["model_order"]:
@@ -597,6 +597,11 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def reported_levels(results: dict) -> list[str]:
+    """The KernelBench levels some model has a correct rate for, in order."""
+    return sorted({level for m in results["models"].values() for level in m.get("correct_rate_by_level") or {}}, key=int)
+
+
 def trained_on(round_row: dict) -> str:
     """What a round's update saw: Best-of-N's kept answers, or the samples a policy gradient weighs
     (those of groups whose rewards differ; a group of equal rewards has no advantage)."""
@@ -620,8 +625,7 @@ def plot(results: dict, path: Path) -> None:
     # Correct rate, and the compiled rate beside it: while nothing is correct, what training moved.
     series = [("correct", "o", "-", [results["models"][n]["correct_rate"] for n in names]),
               ("compiled", "s", "-", [results["models"][n]["compiled_rate"] for n in names])]
-    levels = sorted({level for n in names for level in results["models"][n].get("correct_rate_by_level") or {}}, key=int)
-    for level in levels:  # the goal is stated for level 1; a level's line shows where the correct answers are
+    for level in reported_levels(results):  # the goal is stated for level 1; a level's line shows where the correct answers are
         blocks = [(results["models"][n].get("correct_rate_by_level") or {}).get(level) for n in names]
         if all(blocks):
             series.append((f"correct, level {level}", "^", "--", blocks))
