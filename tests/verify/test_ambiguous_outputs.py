@@ -2,8 +2,8 @@
 
 ``floor(x * y * 1.46)`` computed as ``x * (y * 1.46)`` is a correct kernel, yet where the product
 lies within an ulp of a whole number its floor differs from the reference's by 1. The problem below
-plants such elements (about one in a thousand), so without the rule the correct kernel fails every
-batch; with it, a kernel off by a step anywhere else, and one that writes garbage where it guesses
+plants such elements (one in about three thousand), so without the rule the correct kernel fails
+every batch; with it, a kernel off by a step anywhere else, and one that writes garbage where it guesses
 the reference might be unsure, still fail. A continuous problem gets no ambiguous elements at all.
 """
 from __future__ import annotations
@@ -41,19 +41,26 @@ PLANTED_FLOOR = textwrap.dedent('''
     def get_inputs():
         y = torch.rand(batch_size, dim) + 0.5
         x = torch.randn(batch_size, dim).abs() * 3
-        # About one element in a thousand where the product lands on a whole number in this order
-        # of products and just below it in the order x * (y * 1.46), or the other way round.
-        planted = torch.rand(batch_size, dim) < 1 / 1024
+        # One element in about three thousand where the product lands on a whole number in this
+        # order of products and just below it in the order x * (y * 1.46), or the other way round:
+        # a fixed count, well inside the share of unsure elements a reference may mark.
+        wanted = max(2, batch_size * dim // 3072)
+        candidates = torch.rand(batch_size, dim) < 1 / 128
         up = torch.randint(1, 6, (batch_size, dim)).float() / (y * 1.46)
         down = up.clone()
+        near_x = torch.zeros_like(x)
         found = torch.zeros(batch_size, dim, dtype=torch.bool)
         for _ in range(8):
             for near in (up, down):
-                differs = planted & ~found & (torch.floor(near * y * 1.46) != torch.floor(near * (y * 1.46)))
-                x = torch.where(differs, near, x)
+                differs = candidates & ~found & (torch.floor(near * y * 1.46) != torch.floor(near * (y * 1.46)))
+                near_x = torch.where(differs, near, near_x)
                 found |= differs
             up = torch.nextafter(up, torch.full_like(up, float("inf")))
             down = torch.nextafter(down, torch.zeros_like(down))
+        places = found.reshape(-1).nonzero().reshape(-1)
+        planted = torch.zeros(batch_size * dim, dtype=torch.bool)
+        planted[places[torch.randperm(places.numel())[:wanted]]] = True
+        x = torch.where(planted.reshape(batch_size, dim), near_x, x)
         return [x, y]
 
     def get_init_inputs():
@@ -107,8 +114,8 @@ JOB = {**reference_job(VerifierConfig(), "cpu"), "seed": 0, "tiny_first": True, 
        "shape_variations": False}
 
 
-def _built(source: str) -> ReferenceBuilder:
-    builder = ReferenceBuilder(source, JOB, draw_secret())
+def _built(source: str, job: dict = JOB) -> ReferenceBuilder:
+    builder = ReferenceBuilder(source, job, draw_secret())
     builder.build()
     return builder
 
@@ -222,6 +229,59 @@ def test_a_continuous_problem_has_no_ambiguous_elements():
     builder = _built(CONTINUOUS)
     assert builder.sets and not any("ambiguous" in s for s in builder.sets)
     assert builder.steps == {0: False} and not builder.fp32_copies
+
+
+# The problem's own values already put the floor near 1,500: no set can decide it.
+LARGE_FLOOR = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+    class Model(nn.Module):
+        def forward(self, x):
+            return torch.floor(x * 1000.0)
+
+    batch_size = 4
+    dim = 8192
+
+    def get_inputs():
+        return [torch.rand(batch_size, dim) + 1.0]
+
+    def get_init_inputs():
+        return []
+''')
+
+
+def test_a_varied_set_whose_steps_the_reference_cannot_decide_is_replaced():
+    """The odd-shape set's offset of 60-120 deviations puts the floor's products in the
+    thousands, where a relative 1e-5 crosses a step at percents of the elements and a correct
+    kernel computed in another order is off the reference at more of them than any reference may
+    mark as unsure (one CI run in forty rejected the reordered kernel there). Such a set is left
+    out with its reason, at the whole offset and at half of it; the shape set keeps the
+    problem's own values, and the reordered floor passes every set that is kept."""
+    builder = _built(PLANTED_FLOOR, {**JOB, "shape_variations": True})
+    (offset,) = [s for s in builder.skipped if s.startswith("shape offset")]
+    assert "cannot decide its steps" in offset, offset
+    shapes = [s for s in builder.sets if s["kind"] == "shape"]
+    assert len(shapes) == 1 and "offset" not in shapes[0]
+    assert len([s for s in builder.sets if s["kind"] not in ("tiny", "wide")]) == JOB["num_tests"]  # as many as asked
+    config = VerifierConfig()
+    for chosen in builder.sets:
+        x, y = unpack(chosen["inputs"], builder.tensors)
+        expected = unpack(chosen["expected"], builder.expected)
+        ambiguous = unpack(chosen["ambiguous"], builder.expected) if "ambiguous" in chosen else None
+        assert compare_outputs(torch.floor(x * (y * 1.46)), expected, config, ambiguous=ambiguous) is None, \
+            chosen["name"]
+
+
+def test_a_problem_undecidable_on_its_own_values_keeps_its_varied_sets():
+    """Where the base set already has more unsure elements than the cap, the varied sets are what
+    they were (judged without unsure elements, as the base set is): the rule above is about what
+    the verifier's own values do to a problem, not a way to drop checks from one."""
+    builder = _built(LARGE_FLOOR)
+    assert builder.base_undecided == 1
+    assert not any("cannot decide" in s for s in builder.skipped), builder.skipped
+    assert "signed" in [s["name"] for s in builder.sets]
+    assert not any("ambiguous" in s for s in builder.sets)
 
 
 @pytest.fixture(scope="module")
