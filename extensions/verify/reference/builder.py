@@ -308,12 +308,12 @@ class ReferenceBuilder:
 
     def try_add(self, name: str, kind: str, module, seed: int, transform=None, timing: bool = False,
                 exact: bool = False, atol_scale: float | None = None, rounding: float = ROUNDING_SLACK,
-                finite: bool = False) -> bool:
+                finite: bool = False, decided: bool = False) -> bool:
         """Add the set ``name``: ``module``'s inputs drawn after ``seed``, passed through
         ``transform`` (the whole input list). A set the reference rejects is left out and listed
-        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run,
-        and so is a varied one (``transform``) where it cannot decide a step function's output
-        (more unsure elements than the cap) but can on the base set.
+        in ``skipped``; with ``exact``, so is one where the fp32 reference strays from its fp64 run;
+        with ``decided``, so is one where it cannot decide a step function's output (more unsure
+        elements than the cap) but can on the base set.
         ``atol_scale``: the set's own, where its output's growth would overstate it. Where the
         problem accumulates, each output element's tolerance also has ``_rounding_slack`` (the
         share ``rounding`` of its terms' magnitudes). With ``finite``, a set whose output is not
@@ -353,11 +353,13 @@ class ReferenceBuilder:
             atol_scale = 1.0 if transform is None else self._growth(inputs, out)
         slack = self._rounding_slack(init_index, inputs, out, rounding, atol_scale)
         ambiguous, undecided = self._ambiguous_elements(init_index, inputs, out, atol_scale, slack, index)
-        if undecided and transform is not None and not self.base_undecided:
-            # Values the verifier moved far from the problem's own (an offset of a hundred
-            # deviations, a shift) put a step's argument where fp32's rounding is a broad share of
-            # a step: a floor of products near 2,000 has steps a correct kernel computed in
-            # another order crosses at more elements than any reference can mark as unsure.
+        if decided and undecided and not self.base_undecided:
+            # The odd-shape set's offset of a hundred deviations puts a step's argument where
+            # fp32's rounding is a broad share of a step: a floor of products near 2,000 has steps
+            # a correct kernel computed in another order crosses at more elements than any
+            # reference can mark as unsure. (Only there: the value sets' signs and magnitudes are
+            # what catches a kernel wrong on negatives or large values, and an integer output
+            # over the cap on them is the rule, not the exception.)
             self.skip(name, f"the reference cannot decide its steps on these values ({undecided} output(s) over "
                             "the cap of unsure elements, the problem's own values within it)")
             return False
@@ -1038,11 +1040,11 @@ class ReferenceBuilder:
 
     def _add_offset_set(self, name: str, module, seed: int) -> bool:
         """The shape set with the common offset, or with half of it where the fp32 reference is off
-        its fp64 run at the whole (PyTorch's LayerNorm near 120 deviations); the last reason a
-        try was left out stays in ``skipped`` when neither is added."""
+        its fp64 run at the whole (PyTorch's LayerNorm near 120 deviations) or cannot decide its
+        steps there; the last reason a try was left out stays in ``skipped`` when neither is added."""
         for share, offset in zip((1.0, 0.5), self.offsets):
             if self.try_add(name, "shape", module, seed, lambda inputs: transform_tensors(inputs, offset),
-                            exact=True, finite=self.base_finite):
+                            exact=True, finite=self.base_finite, decided=True):
                 self.sets[-1]["offset"] = share
                 return True
             if share == 1.0 and len(self.offsets) > 1:
