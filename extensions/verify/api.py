@@ -171,19 +171,23 @@ class VerifierSession:
         # sandbox, so they do not wait for the probe) and each candidate starts as soon as its own
         # problem is ready (references need no worker slot: they are trusted and short).
         self._preparing = ThreadPoolExecutor(max_workers=_preparing_threads(self.device, self.pool))
-        self._judging = ThreadPoolExecutor(max_workers=self.pool.size)
-        self._lock = threading.Lock()
-        self._launcher: Optional[Future] = None
-        self._launcher_total = 0
-        self._runs = 0  # candidates handed to a worker slot so far
-        self._submitted = 0
-        self._first: dict[tuple[str, str], Future] = {}  # identical source for one problem: judged once
         # A problem's reference is built when it comes within the read-ahead (or a worker slot wants
         # it): its inputs and outputs stay in memory until its last candidate is judged, so a batch of
         # thousands of problems must not build them all at once.
+        self._read_ahead = max(2 * self.pool.size, _preparing_threads(self.device, self.pool))
+        # One judging thread per problem of the read-ahead, not per worker slot: a thread waits for
+        # its problem's reference before it takes a slot (``judge_candidate``), so a reference that
+        # takes long (a floor's ambiguity runs: 40 s) holds up its own candidates, not a slot.
+        self._judging = ThreadPoolExecutor(max_workers=self._read_ahead)
+        self._lock = threading.Lock()
+        self._launcher: Optional[Future] = None
+        self._launcher_total = 0
+        self._seed_build = None  # the pre-built Triton cache's warm-up (CUDA)
+        self._runs = 0  # candidates handed to a worker slot so far
+        self._submitted = 0
+        self._first: dict[tuple[str, str], Future] = {}  # identical source for one problem: judged once
         self._problems: dict[str, Optional[Future]] = {}  # None: not started
         self._unstarted: dict[str, str] = {}  # problem -> its code, in the order they came
-        self._read_ahead = max(2 * self.pool.size, _preparing_threads(self.device, self.pool))
         self._held = 0  # problems whose reference is being built or kept
         self._waiting: dict[str, int] = {}  # a problem's candidates not yet judged
         self._closed = False
@@ -280,8 +284,8 @@ class VerifierSession:
         self._held += 1
 
     def _reference(self, problem: str):
-        """The problem's reference data; a worker slot that reaches a problem beyond the read-ahead
-        starts it (so no slot waits on a read-ahead held by problems queued behind it)."""
+        """The problem's reference data; a judging thread that reaches a problem beyond the read-ahead
+        starts it (so no thread waits on a read-ahead held by problems queued behind it)."""
         with self._lock:
             if self._problems[problem] is None:
                 self._start_reference(problem)
@@ -301,12 +305,29 @@ class VerifierSession:
         wanted = max(self.expected, self._runs)
         if self._launcher is None:
             self._launcher_total = wanted
-            self._launcher = self._setup.submit(self._make_launcher, wanted)
+            self._seed_build = self._start_triton_seed()
+            self._launcher = self._setup.submit(self._make_launcher, wanted, self._seed_build)
         elif self._runs > self._launcher_total:
             more, self._launcher_total = self._runs - self._launcher_total, self._runs
             self._launcher.add_done_callback(lambda f: f.exception() is None and f.result().expect(more))
 
-    def _make_launcher(self, total: int):
+    def _start_triton_seed(self):
+        """On CUDA, the pre-built Triton cache's warm-up, started now rather than after the sandbox
+        probe: the isolation it runs under follows from the config alone (``choose_isolation``
+        never falls back), and the warm-up, not the probe, is what the first candidates wait for.
+        Where the probe then fails, the session fails with it and the seed is never used."""
+        from .parent.sandbox import private_code_copy
+        from .parent.triton_cache import SeedBuild
+
+        if self.device != "cuda" or not self.config.prebuilt_triton_cache:
+            return None
+        isolation = "process" if self.config.isolation == "process" else "bwrap"
+        pythonpath = private_code_copy(self.work_root) if isolation == "process" else None
+        first_gpu = next((g for g in self.pool.slots if g is not None), 0)
+        return SeedBuild(self.work_root, device=self.device, gpu_index=first_gpu, isolation=isolation,
+                         timeout_s=max(60.0, self.config.timeout_s), pythonpath=pythonpath)
+
+    def _make_launcher(self, total: int, seed_build=None):
         from .parent.judge import WorkerLauncher
 
         try:
@@ -318,7 +339,7 @@ class VerifierSession:
         prespawn = self.config.prespawn_workers and (
             self.device == "cuda" or (os.cpu_count() or 1) > 2 * self.pool.size)
         return WorkerLauncher(self.config, self.device, isolation, self.work_root, total, prespawn,
-                              slots=self.pool.slots)
+                              slots=self.pool.slots, seed_build=seed_build)
 
     def _judge_into(self, item: _Screened, future: Future) -> None:
         if not future.set_running_or_notify_cancel():
@@ -370,7 +391,7 @@ class VerifierSession:
                 self._held -= 1
                 if not self._closed:
                     self._start_references()
-        if prepared is not None and prepared.done() and prepared.exception() is None:
+        if prepared is not None and prepared.done() and not prepared.cancelled() and prepared.exception() is None:
             directory = getattr(prepared.result(), "directory", None)
             if directory:
                 remove_tree(directory)
@@ -420,6 +441,8 @@ class VerifierSession:
                     pass
             self.preparer.close()
             self._setup.shutdown(wait=True)
+            if self._seed_build is not None:
+                self._seed_build.stop()
         finally:
             if self._bar is not None:
                 self._bar.close()

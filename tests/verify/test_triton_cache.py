@@ -63,7 +63,7 @@ def test_a_candidate_rewriting_its_seeded_cache_reaches_no_sibling(ctx, isolatio
 
     config = dataclasses.replace(ctx.config, fork_server=fork_server)
     launcher = WorkerLauncher(config, "cpu", isolation, ctx.root, total=2, prespawn=False, slots=[None])
-    launcher.triton_seed = TritonCacheSeed({SEEDED: b"pristine"}, "test seed")
+    launcher.use_seed(TritonCacheSeed({SEEDED: b"pristine"}, "test seed"))
     seeded = f"os.path.join(os.environ['TRITON_CACHE_DIR'], {SEEDED!r})"
     poisoner = candidate(at_import=f"""
         import os, shutil
@@ -166,3 +166,21 @@ def test_a_slot_with_two_fork_servers_alternates_and_judges_every_candidate(ctx)
         launcher.close()
     assert all(r.correct and r.error is None for r in results), [r.error for r in results]
     assert len(servers) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_session_hands_its_early_warm_up_to_the_workers():
+    """A session starts the warm-up with its first candidate, beside the sandbox probe, and the
+    workers it then starts seed their caches from that build: the candidate runs no C compiler."""
+    from extensions.config import VerifierConfig
+    from extensions.verify import VerifierSession, VerifyRequest
+
+    config = VerifierConfig(device="cuda", isolation="process", enable_calibrated_timing=False)
+    with VerifierSession(config, device="cuda") as session:
+        result = session.submit(VerifyRequest(__import__("sandbox_support").PROBLEM, candidate())).result(timeout=300)
+        launcher = session._launcher.result()
+        assert launcher._seed_build is session._seed_build
+    assert result.correct, result.error
+    assert "C modules" in result.details["triton_cache_seed"], result.details["triton_cache_seed"]
+    assert result.details["phase_s"]["worker"].get("triton_c_build", 0.0) < 0.5

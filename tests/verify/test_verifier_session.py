@@ -112,6 +112,22 @@ def test_a_batch_of_many_problems_builds_references_only_a_few_ahead_of_the_work
     assert max(held) <= read_ahead + 1, held  # + the one a worker slot is judging
 
 
+def test_a_slow_reference_holds_up_its_own_candidates_only(monkeypatch):
+    # A floor's reference takes tens of seconds (its ambiguity runs); a worker slot that waited
+    # for it idled while candidates of ready problems queued behind it.
+    import extensions.verify.api as api
+
+    monkeypatch.setattr(api, "_preparing_threads", lambda device, pool: 3)  # a GPU host's spare references
+    slow_problem = PROBLEM.replace("super().__init__()", "super().__init__()\n        import time; time.sleep(40)")
+    with pytest.raises(KeyboardInterrupt):  # the slow one is not waited for
+        with VerifierSession(_config(workers=1), device="cpu") as session:
+            slow, fast = session.submit_many([VerifyRequest(slow_problem, RELU, "slow"),
+                                              VerifyRequest(OTHER_PROBLEM, RELU, "fast")])
+            assert fast.result(timeout=35).correct  # judged on the one slot meanwhile
+            assert not slow.done()
+            raise KeyboardInterrupt
+
+
 def test_a_stopped_session_cancels_what_waits_and_leaves_nothing_behind():
     with adopting_orphans():  # a worker whose fork server died is still counted
         _stop_a_session_mid_way()
@@ -133,7 +149,7 @@ def _stop_a_session_mid_way():
         with session:
             raise KeyboardInterrupt  # Ctrl-C while the first candidates are being judged
     assert time.monotonic() - started < 30
-    assert all(f.done() for f in futures)  # nobody waits forever
+    assert all(f.done() for f in futures), [f._state for f in futures]  # nobody waits forever
     assert any(f.cancelled() for f in futures), [f._state for f in futures]
     # None is a verdict made while its processes were killed (a cache would keep it as a failure).
     assert all(f.cancelled() or isinstance(f.exception(), VerifierError) for f in futures)

@@ -31,7 +31,7 @@ from typing import Optional
 
 from .fork_servers import ForkServer, inside_path
 from .sandbox import SandboxedProcess, private_code_copy, remove_tree
-from .triton_cache import TritonCacheSeed, cache_dir_of
+from .triton_cache import SeedBuild, TritonCacheSeed, cache_dir_of
 
 
 def write_private(path: str, data: bytes) -> str:
@@ -52,7 +52,7 @@ class WorkerLauncher:
     """Hands out one fresh worker per candidate (``take``) and takes it back (``release``)."""
 
     def __init__(self, config, device: str, isolation: str, work_root: str, total: int, prespawn: bool,
-                 slots: Optional[list[Optional[int]]] = None):
+                 slots: Optional[list[Optional[int]]] = None, seed_build: Optional[SeedBuild] = None):
         self.config, self.device, self.isolation, self.work_root = config, device, isolation, work_root
         self.created = time.monotonic()
         self.use_fork_server = bool(getattr(config, "fork_server", True))
@@ -66,14 +66,18 @@ class WorkerLauncher:
         self._idle: dict[Optional[int], list[ForkServer]] = {}
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
+        self._closed = False  # no worker is started after ``close`` (a stopped session's waiting threads)
         self._dirs: set[str] = set()
-        self.triton_seed: Optional[TritonCacheSeed] = None
-        self._seed_thread: Optional[threading.Thread] = None
+        self._seed_build: Optional[SeedBuild] = None
+        self._own_seed_build = False
         if device == "cuda" and getattr(config, "prebuilt_triton_cache", True) and total > 0:
-            # Built while the fork servers import and the reference data is prepared.
-            first_gpu = next((g for g in (slots or []) if g is not None), 0)
-            self._seed_thread = threading.Thread(target=self._build_seed, args=(first_gpu,), daemon=True)
-            self._seed_thread.start()
+            if seed_build is not None and (seed_build.isolation, seed_build.pythonpath) == (isolation, self.pythonpath):
+                self._seed_build = seed_build  # the session's, started before the sandbox probe ended
+            else:  # built while the fork servers import and the reference data is prepared
+                self._own_seed_build = True
+                first_gpu = next((g for g in (slots or []) if g is not None), 0)
+                self._seed_build = SeedBuild(work_root, device=device, gpu_index=first_gpu, isolation=isolation,
+                                             timeout_s=max(60.0, config.timeout_s), pythonpath=self.pythonpath)
         if self.use_fork_server:
             per_slot = int(getattr(config, "fork_servers_per_slot", 0)) or SERVERS_PER_SLOT.get(device, 1)
             for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
@@ -84,20 +88,19 @@ class WorkerLauncher:
 
     # -- the pre-built Triton cache ----------------------------------------------------------------
 
-    def _build_seed(self, gpu: Optional[int]) -> None:
-        self.triton_seed = TritonCacheSeed.build(
-            self.work_root, device=self.device, gpu_index=gpu, isolation=self.isolation,
-            timeout_s=max(60.0, self.config.timeout_s), pythonpath=self.pythonpath)
-        if not self.triton_seed.files:
-            print(f"verifier: no pre-built Triton cache ({self.triton_seed.note}); each candidate builds its own",
-                  file=sys.stderr)
+    @property
+    def triton_seed(self) -> Optional[TritonCacheSeed]:
+        """The pre-built Triton cache once built (None while building, or on CPU)."""
+        return self._seed_build.seed if self._seed_build is not None else None
+
+    def use_seed(self, seed: TritonCacheSeed) -> None:
+        """Seed every later candidate's Triton cache with ``seed`` instead of a warm-up's."""
+        self._seed_build = SeedBuild.ready(seed, isolation=self.isolation, pythonpath=self.pythonpath)
 
     def _seed(self, directory: str) -> None:
         """Copy the pre-built Triton cache into a candidate directory's private cache (before its
         candidate arrives; modules its still trusted process built itself are kept)."""
-        if self._seed_thread is not None:
-            self._seed_thread.join(timeout=max(60.0, self.config.timeout_s) + 30)
-        seed = self.triton_seed
+        seed = self._seed_build.result() if self._seed_build is not None else None
         if seed is not None and seed.files:
             seed.write_into(cache_dir_of(directory))
 
@@ -131,7 +134,12 @@ class WorkerLauncher:
                             max_output_bytes=self.config.max_output_bytes, memory_limit_kb=self.memory_limit_kb,
                             pythonpath=self.pythonpath)
         with self._lock:
-            self._servers.append(server)
+            closed = self._closed
+            if not closed:
+                self._servers.append(server)
+        if closed:
+            server.close()
+            raise RuntimeError("the verifier's workers were closed")
         return server
 
     def _spawn(self, gpu: Optional[int]) -> SandboxedProcess:
@@ -209,6 +217,8 @@ class WorkerLauncher:
     def take(self, gpu: Optional[int]):
         """A worker for one candidate: a forked child (fork server) or a fresh process."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the verifier's workers were closed")
             self._to_start -= 1
         if self.use_fork_server:
             return self._take_forked(gpu)
@@ -232,8 +242,11 @@ class WorkerLauncher:
                 finally:
                     with self._lock:
                         self._spawning -= 1
-                        if spare is not None:
+                        if spare is not None and not self._closed:
                             self._spares.setdefault(gpu, []).append(spare)
+                            spare = None
+                    if spare is not None:  # the launcher closed meanwhile
+                        self.discard(spare)
         return proc
 
     def release(self, proc, gpu: Optional[int], reuse: bool = True) -> None:
@@ -270,7 +283,10 @@ class WorkerLauncher:
         self._remove_dir(proc.sandbox_dir)
 
     def close(self) -> None:
+        if self._own_seed_build:
+            self._seed_build.stop()
         with self._lock:
+            self._closed = True
             spares = [p for procs in self._spares.values() for p in procs]
             self._spares.clear()
             servers, self._servers = self._servers, []

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -64,14 +65,17 @@ class TritonCacheSeed:
 
     @classmethod
     def build(cls, work_root: str, *, device: str, gpu_index: Optional[int], isolation: str,
-              timeout_s: float, pythonpath: Optional[str] = None) -> "TritonCacheSeed":
+              timeout_s: float, pythonpath: Optional[str] = None, on_start=None) -> "TritonCacheSeed":
         """Run the warm-up in a fresh directory under ``work_root`` and keep its cache's C modules.
-        Never raises: an empty seed (``note`` says why) only means candidates build their own."""
+        Never raises: an empty seed (``note`` says why) only means candidates build their own.
+        ``on_start`` gets the warm-up's process as soon as it runs (so that it can be stopped)."""
         started = time.monotonic()
         work_dir = tempfile.mkdtemp(prefix="triton-seed-", dir=work_root)
         try:
             proc = start_process([sys.executable, "-m", "extensions.verify.reference.triton_warmup"], work_dir,
                                  device=device, gpu_index=gpu_index, isolation=isolation, pythonpath=pythonpath)
+            if on_start is not None:
+                on_start(proc)
             try:
                 out, err = proc.communicate(timeout=timeout_s)
             except Exception:  # noqa: BLE001 - a timeout (or anything) leaves candidates to build their own
@@ -107,6 +111,72 @@ class TritonCacheSeed:
                 fh.write(data)
             written += 1
         return written
+
+
+class SeedBuild:
+    """A ``TritonCacheSeed.build`` running in a thread of its own, started as early as its isolation
+    is known: a session starts it beside the sandbox probe and the first references (the warm-up
+    is the batch's first candidates' longest wait), the launcher waits for it with ``result``."""
+
+    def __init__(self, work_root: str, *, device: str, gpu_index: Optional[int], isolation: str,
+                 timeout_s: float, pythonpath: Optional[str] = None):
+        self.isolation, self.pythonpath, self.timeout_s = isolation, pythonpath, timeout_s
+        self.seed: Optional[TritonCacheSeed] = None
+        self._proc = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._build, daemon=True, args=(
+            work_root, device, gpu_index, isolation, timeout_s, pythonpath))
+        self._thread.start()
+
+    @classmethod
+    def ready(cls, seed: TritonCacheSeed, *, isolation: str, pythonpath: Optional[str] = None) -> "SeedBuild":
+        """A build that is already done (a seed made elsewhere)."""
+        build = cls.__new__(cls)
+        build.isolation, build.pythonpath, build.timeout_s, build.seed = isolation, pythonpath, 0.0, seed
+        build._proc, build._stopped, build._lock = None, False, threading.Lock()
+        build._thread = threading.Thread(target=lambda: None)
+        build._thread.start()
+        return build
+
+    def _build(self, work_root, device, gpu_index, isolation, timeout_s, pythonpath) -> None:
+        self.seed = TritonCacheSeed.build(work_root, device=device, gpu_index=gpu_index, isolation=isolation,
+                                          timeout_s=timeout_s, pythonpath=pythonpath, on_start=self._started)
+        if not self.seed.files and not self._stopped:
+            print(f"verifier: no pre-built Triton cache ({self.seed.note}); each candidate builds its own",
+                  file=sys.stderr)
+
+    def result(self) -> Optional[TritonCacheSeed]:
+        """The seed once built (None if the build outlived its time limit and a margin)."""
+        self._thread.join(timeout=self.timeout_s + 30)
+        return self.seed
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _started(self, proc) -> None:
+        with self._lock:
+            self._proc = proc
+            stopped = self._stopped
+        if stopped:
+            _kill_group(proc)
+
+    def stop(self) -> None:
+        """End a warm-up still running (its session is closing) and wait for its thread."""
+        with self._lock:
+            self._stopped = True
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _kill_group(proc)
+        self._thread.join(timeout=30)
+
+
+def _kill_group(proc) -> None:
+    """Kill the warm-up and whatever it started (it leads a process group of its own)."""
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def cache_dir_of(home: str) -> str:
