@@ -472,6 +472,11 @@ def main() -> None:
             })
             print(f"done: {json.dumps(slot_rows[-1])}\n{phase_table({run_key: breakdowns[run_key]})}",
                   file=sys.stderr, flush=True)
+            if args.shape == "pairs":  # every pair was verified correct once: a reject is worth its reason
+                for result in results:
+                    if not result.correct:
+                        print(f"rejected pair {result.candidate} at {result.stage}: {result.error} {result.flags}",
+                              file=sys.stderr, flush=True)
         if not args.skip_baseline and slots in baseline_at:
             started = time.monotonic()
             verdicts = run_baseline(baseline_batch, args.device, slots, config.timeout_s)
