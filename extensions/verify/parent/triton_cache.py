@@ -115,8 +115,9 @@ class TritonCacheSeed:
 
 class SeedBuild:
     """A ``TritonCacheSeed.build`` running in a thread of its own, started as early as its isolation
-    is known: a session starts it beside the sandbox probe and the first references (the warm-up
-    is the batch's first candidates' longest wait), the launcher waits for it with ``result``."""
+    is known: a session starts it beside the sandbox probe and the first references (every
+    candidate's worker waits for it before its candidate arrives), the launcher waits for it with
+    ``result``."""
 
     def __init__(self, work_root: str, *, device: str, gpu_index: Optional[int], isolation: str,
                  timeout_s: float, pythonpath: Optional[str] = None):
