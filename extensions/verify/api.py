@@ -324,8 +324,8 @@ class VerifierSession:
         isolation = "process" if self.config.isolation == "process" else "bwrap"
         pythonpath = private_code_copy(self.work_root) if isolation == "process" else None
         first_gpu = next((g for g in self.pool.slots if g is not None), 0)
-        return SeedBuild(self.work_root, device=self.device, gpu_index=first_gpu, isolation=isolation,
-                         timeout_s=max(60.0, self.config.timeout_s), pythonpath=pythonpath)
+        return SeedBuild.start(self.work_root, device=self.device, gpu_index=first_gpu, isolation=isolation,
+                               timeout_s=max(60.0, self.config.timeout_s), pythonpath=pythonpath)
 
     def _make_launcher(self, total: int, seed_build=None):
         from .parent.judge import WorkerLauncher

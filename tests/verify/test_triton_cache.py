@@ -12,8 +12,8 @@ import pytest
 
 from extensions.verify.parent.judge import WorkerLauncher, judge_candidate
 from extensions.verify.common.phases import PhaseClock, sanitize_phases
-from extensions.verify.parent.triton_cache import TritonCacheSeed, cache_dir_of
-from sandbox_support import BOTH_MODES, candidate, make_ctx
+from extensions.verify.parent.triton_cache import SeedBuild, TritonCacheSeed, cache_dir_of
+from sandbox_support import BOTH_MODES, candidate, descendants, make_ctx, wait_no_descendants
 
 ctx = pytest.fixture(scope="module")(make_ctx)
 
@@ -90,6 +90,17 @@ def test_a_candidate_rewriting_its_seeded_cache_reaches_no_sibling(ctx, isolatio
     assert second.correct and second.error is None, second.error
     assert launcher.triton_seed.files == {SEEDED: b"pristine"}
     assert second.details["triton_cache_seed"] == "test seed"
+
+
+def test_a_warm_up_stopped_by_its_closing_session_is_killed_and_leaves_no_process(tmp_path):
+    """A session starts the warm-up with its first candidate; one that closes before the warm-up
+    ends (every candidate rejected in a second) must not leave it running."""
+    before = set(descendants())
+    build = SeedBuild.start(str(tmp_path), device="cpu", gpu_index=None, isolation="process", timeout_s=60)
+    build.stop()
+    assert "exited -9" in build.result().note, build.result().note
+    assert not build.result().files
+    assert set(wait_no_descendants()) <= before
 
 
 def test_cache_directory_is_inside_the_candidates_own_directory(tmp_path):

@@ -76,8 +76,8 @@ class WorkerLauncher:
             else:  # built while the fork servers import and the reference data is prepared
                 self._own_seed_build = True
                 first_gpu = next((g for g in (slots or []) if g is not None), 0)
-                self._seed_build = SeedBuild(work_root, device=device, gpu_index=first_gpu, isolation=isolation,
-                                             timeout_s=max(60.0, config.timeout_s), pythonpath=self.pythonpath)
+                self._seed_build = SeedBuild.start(work_root, device=device, gpu_index=first_gpu, isolation=isolation,
+                                                   timeout_s=max(60.0, config.timeout_s), pythonpath=self.pythonpath)
         if self.use_fork_server:
             per_slot = int(getattr(config, "fork_servers_per_slot", 0)) or SERVERS_PER_SLOT.get(device, 1)
             for gpu in [g for g in (slots or []) for _ in range(per_slot)][: max(0, total)]:
@@ -95,7 +95,7 @@ class WorkerLauncher:
 
     def use_seed(self, seed: TritonCacheSeed) -> None:
         """Seed every later candidate's Triton cache with ``seed`` instead of a warm-up's."""
-        self._seed_build = SeedBuild.ready(seed, isolation=self.isolation, pythonpath=self.pythonpath)
+        self._seed_build = SeedBuild(isolation=self.isolation, pythonpath=self.pythonpath, seed=seed)
 
     def _seed(self, directory: str) -> None:
         """Copy the pre-built Triton cache into a candidate directory's private cache (before its

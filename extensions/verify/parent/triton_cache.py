@@ -114,46 +114,46 @@ class TritonCacheSeed:
 
 
 class SeedBuild:
-    """A ``TritonCacheSeed.build`` running in a thread of its own, started as early as its isolation
-    is known: a session starts it beside the sandbox probe and the first references (every
-    candidate's worker waits for it before its candidate arrives), the launcher waits for it with
-    ``result``."""
+    """A ``TritonCacheSeed.build`` running in a thread of its own (``start``), begun as early as its
+    isolation is known: a session starts it beside the sandbox probe and the first references
+    (every candidate's worker waits for it before its candidate arrives); the launcher waits for it
+    with ``result``. Made with a ``seed``, it is a build already done."""
 
-    def __init__(self, work_root: str, *, device: str, gpu_index: Optional[int], isolation: str,
-                 timeout_s: float, pythonpath: Optional[str] = None):
+    def __init__(self, *, isolation: str, pythonpath: Optional[str] = None, timeout_s: float = 0.0,
+                 seed: Optional[TritonCacheSeed] = None):
         self.isolation, self.pythonpath, self.timeout_s = isolation, pythonpath, timeout_s
-        self.seed: Optional[TritonCacheSeed] = None
+        self.seed = seed
         self._proc = None
         self._stopped = False
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._build, daemon=True, args=(
-            work_root, device, gpu_index, isolation, timeout_s, pythonpath))
-        self._thread.start()
+        self._done = threading.Event()
+        if seed is not None:
+            self._done.set()
 
     @classmethod
-    def ready(cls, seed: TritonCacheSeed, *, isolation: str, pythonpath: Optional[str] = None) -> "SeedBuild":
-        """A build that is already done (a seed made elsewhere)."""
-        build = cls.__new__(cls)
-        build.isolation, build.pythonpath, build.timeout_s, build.seed = isolation, pythonpath, 0.0, seed
-        build._proc, build._stopped, build._lock = None, False, threading.Lock()
-        build._thread = threading.Thread(target=lambda: None)
-        build._thread.start()
+    def start(cls, work_root: str, *, device: str, gpu_index: Optional[int], isolation: str,
+              timeout_s: float, pythonpath: Optional[str] = None) -> "SeedBuild":
+        build = cls(isolation=isolation, pythonpath=pythonpath, timeout_s=timeout_s)
+        threading.Thread(target=build._build, args=(work_root, device, gpu_index), daemon=True).start()
         return build
 
-    def _build(self, work_root, device, gpu_index, isolation, timeout_s, pythonpath) -> None:
-        self.seed = TritonCacheSeed.build(work_root, device=device, gpu_index=gpu_index, isolation=isolation,
-                                          timeout_s=timeout_s, pythonpath=pythonpath, on_start=self._started)
+    def _build(self, work_root: str, device: str, gpu_index: Optional[int]) -> None:
+        try:
+            self.seed = TritonCacheSeed.build(work_root, device=device, gpu_index=gpu_index, isolation=self.isolation,
+                                              timeout_s=self.timeout_s, pythonpath=self.pythonpath,
+                                              on_start=self._started)
+        except Exception as exc:  # noqa: BLE001 - its directory went with a closing session: no seed
+            self.seed = TritonCacheSeed({}, f"the Triton warm-up failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._done.set()
         if not self.seed.files and not self._stopped:
             print(f"verifier: no pre-built Triton cache ({self.seed.note}); each candidate builds its own",
                   file=sys.stderr)
 
     def result(self) -> Optional[TritonCacheSeed]:
         """The seed once built (None if the build outlived its time limit and a margin)."""
-        self._thread.join(timeout=self.timeout_s + 30)
+        self._done.wait(timeout=self.timeout_s + 30)
         return self.seed
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
 
     def _started(self, proc) -> None:
         with self._lock:
@@ -169,7 +169,7 @@ class SeedBuild:
             proc = self._proc
         if proc is not None and proc.poll() is None:
             _kill_group(proc)
-        self._thread.join(timeout=30)
+        self._done.wait(timeout=30)
 
 
 def _kill_group(proc) -> None:
