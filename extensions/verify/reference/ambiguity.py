@@ -235,6 +235,26 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
     return map_tensors(out, lambda _tensor: next(pieces)), over_cap
 
 
+def outputs_off_the_function(out: Any, wide: Any, judging, atol_scale: float, slack: Any) -> int:
+    """How many tensors of ``out`` (the fp32 reference) lie off ``wide`` (the fp64 model's run, cast
+    alike) beyond the element's tolerance, or differ as integers, at more elements than
+    ``ambiguous_limit``."""
+    references, wides = flatten_tensors(out), flatten_tensors(wide)
+    slacks = tensor_places(slack) if slack is not None else []
+    over = 0
+    for position, (ref, other) in enumerate(zip(references, wides)):
+        if other.shape != ref.shape or ref.numel() == 0:
+            continue
+        other = other.to(ref.dtype).to(ref.device)
+        if ref.is_floating_point():
+            own_slack = slacks[position] if len(slacks) == len(references) else None
+            off = _apart(ref, other, judging, atol_scale, own_slack)
+        else:
+            off = ref != other
+        over += int(off.sum()) > ambiguous_limit(ref.numel(), ref.dtype)
+    return over
+
+
 def _perturbed_runs(rerun: Callable[[list], Any], inputs: list, seed: int, wide: bool = False,
                     step_dtype=None) -> list:
     """``rerun`` on each perturbed pair (each level of ``PERTURBATIONS``, seeds ``seed + i``;
