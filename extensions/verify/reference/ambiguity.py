@@ -235,10 +235,11 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
     return map_tensors(out, lambda _tensor: next(pieces)), over_cap
 
 
-def outputs_off_the_function(out: Any, wide: Any, judging, atol_scale: float, slack: Any) -> int:
+def outputs_off_the_function(out: Any, wide: Any, judging, atol_scale: float, slack: Any,
+                             coarse: bool = False) -> int:
     """How many tensors of ``out`` (the fp32 reference) lie off ``wide`` (the fp64 model's run, cast
     alike) beyond the element's tolerance, or differ as integers, at more elements than
-    ``ambiguous_limit``."""
+    ``ambiguous_limit`` (``coarse``: the steps are decided in fp16/bf16)."""
     references, wides = flatten_tensors(out), flatten_tensors(wide)
     slacks = tensor_places(slack) if slack is not None else []
     over = 0
@@ -251,7 +252,7 @@ def outputs_off_the_function(out: Any, wide: Any, judging, atol_scale: float, sl
             off = _apart(ref, other, judging, atol_scale, own_slack)
         else:
             off = ref != other
-        over += int(off.sum()) > ambiguous_limit(ref.numel(), ref.dtype)
+        over += int(off.sum()) > ambiguous_limit(ref.numel(), ref.dtype, coarse=coarse)
     return over
 
 

@@ -959,7 +959,8 @@ class ReferenceBuilder:
             wide = like(self._fp64(init_index, inputs), out)
         except Exception:  # noqa: BLE001 - an op without fp64, or another structure: nothing to count
             return 0
-        return outputs_off_the_function(out, wide, self.judging, atol_scale, slack)
+        coarse = steps_decided_coarsely(self.step_dtypes.get(init_index), inputs)
+        return outputs_off_the_function(out, wide, self.judging, atol_scale, slack, coarse=coarse)
 
     def _inexact(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any = None,
                  ambiguous: Any = None) -> str:
