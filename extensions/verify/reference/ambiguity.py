@@ -206,7 +206,7 @@ def ambiguous_outputs(out: Any, rerun: Callable[[list], Any], inputs: list, wide
         elif decided_coarsely and position < len(wides) and wides[position].shape == ref.shape:
             # An integer or bool output of such a step (a comparison returned as is, a floor cast
             # to long): the fp64 model's own integers, where they differ, are the other answer.
-            off_truth = ref != wides[position].to(ref.dtype).to(ref.device)
+            off_truth = _off_truth(ref, wides[position], judging, atol_scale, own_slack)
             unsettled |= off_truth
         count = int(unsettled.sum())
         limit = ambiguous_limit(ref.numel(), ref.dtype, coarse=decided_coarsely)
@@ -246,14 +246,19 @@ def outputs_off_the_function(out: Any, wide: Any, judging, atol_scale: float, sl
     for position, (ref, other) in enumerate(zip(references, wides)):
         if other.shape != ref.shape or ref.numel() == 0:
             continue
-        other = other.to(ref.dtype).to(ref.device)
-        if ref.is_floating_point():
-            own_slack = slacks[position] if len(slacks) == len(references) else None
-            off = _apart(ref, other, judging, atol_scale, own_slack)
-        else:
-            off = ref != other
+        own_slack = slacks[position] if len(slacks) == len(references) else None
+        off = _off_truth(ref, other, judging, atol_scale, own_slack)
         over += int(off.sum()) > ambiguous_limit(ref.numel(), ref.dtype, coarse=coarse)
     return over
+
+
+def _off_truth(ref, wide, judging, atol_scale: float, slack: Optional[Any]):
+    """Where the fp32 reference is off the fp64 model's run (``wide``, cast to its dtype here):
+    beyond the element's tolerance for a float output, any difference for an integer or bool one."""
+    wide = wide.to(ref.dtype).to(ref.device)
+    if ref.is_floating_point():
+        return _apart(ref, wide, judging, atol_scale, slack)
+    return ref != wide
 
 
 def _perturbed_runs(rerun: Callable[[list], Any], inputs: list, seed: int, wide: bool = False,
