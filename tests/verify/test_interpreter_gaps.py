@@ -593,3 +593,56 @@ def test_inline_ptx_on_cpu_says_a_gpu_must_judge_it(kernelbench_jsonl, verify_is
     assert not ptx_result.correct and "needs_gpu" in ptx_result.flags, (ptx_result.stage, ptx_result.error)
     assert "interpreter refused" in ptx_result.details["needs_gpu"]
     assert not wrong.correct and "needs_gpu" not in wrong.flags, (wrong.stage, wrong.flags)
+
+
+# -- the builder's signature across Triton releases --------------------------------------------------
+
+class _Builder36:
+    """The interpreter builder's load and store as Triton 3.6 spells them (two policy arguments)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        self.calls.append(("load", cache_modifier, eviction_policy, is_volatile))
+        return "loaded"
+
+    def create_masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        self.calls.append(("store", cache_modifier, eviction_policy))
+
+
+class _Builder39(_Builder36):
+    """... and as Triton 3.9 spells them (one)."""
+
+    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        self.calls.append(("load", cache_policy, is_volatile))
+        return "loaded"
+
+    def create_masked_store(self, ptrs, value, mask, cache_policy):
+        self.calls.append(("store", cache_policy))
+
+
+@pytest.mark.parametrize("builder_class", [_Builder36, _Builder39], ids=["triton-3.6", "triton-3.9"])
+def test_interpreter_wrappers_pass_every_policy_argument_through(builder_class, monkeypatch):
+    """The worker's wrappers around the interpreter's masked load and store (the 0/1 mask reading
+    and the concurrent memory view) hand the arguments after the mask on as they come: a wrapper
+    spelled for one release raised TypeError in the other on every masked load, which rejected
+    every correct kernel on CPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from extensions.verify.sandboxed import interpreter_compat
+
+    monkeypatch.setattr(interpreter, "InterpreterBuilder", builder_class)
+    interpreter_compat.read_zero_one_masks_as_bool()
+    policies = ("a", "b", False)[: 3 if builder_class is _Builder36 else 2]
+    mask = interpreter.TensorHandle(np.ones(4, dtype=np.bool_), tl.int1)
+    builder = builder_class()
+    assert builder.create_masked_load("ptrs", mask, None, *policies) == "loaded"
+    builder.create_masked_store("ptrs", "value", mask, *policies[:-1])
+
+    view = interpreter_compat.ConcurrentMemoryView(interpreter_compat.ProgramOrder())
+    view.install(builder)
+    assert builder.create_masked_load("ptrs", mask, None, *policies) == "loaded"
+    builder.create_masked_store("ptrs", "value", mask, *policies[:-1])
+    assert builder.calls == [("load", *policies), ("store", *policies[:-1])] * 2

@@ -486,11 +486,13 @@ def read_zero_one_masks_as_bool() -> None:
     if getattr(load, "reads_zero_one_masks", False):
         return
 
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
-        return load(self, ptrs, _as_bool_mask(mask), other, cache_policy, is_volatile)
+    # The policy arguments after the mask differ between Triton releases (one ``cache_policy`` in
+    # 3.9, ``cache_modifier, eviction_policy`` in 3.6): they pass through as they come.
+    def create_masked_load(self, ptrs, mask, other, *policies):
+        return load(self, ptrs, _as_bool_mask(mask), other, *policies)
 
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
-        return store(self, ptrs, value, _as_bool_mask(mask), cache_policy)
+    def create_masked_store(self, ptrs, value, mask, *policies):
+        return store(self, ptrs, value, _as_bool_mask(mask), *policies)
 
     create_masked_load.reads_zero_one_masks = True
     InterpreterBuilder.create_masked_load = create_masked_load
@@ -599,17 +601,17 @@ class ConcurrentMemoryView:
         load, store = builder.create_masked_load, builder.create_masked_store
         view = self
 
-        def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
-            result = load(ptrs, mask, other, cache_policy, is_volatile)
+        def create_masked_load(ptrs, mask, other, *policies):
+            result = load(ptrs, mask, other, *policies)
             if view.order.shuffled and not view._synchronised and view._writer:
                 view._see_before_other_programs(ptrs.data, mask.data, result)
             return result
 
-        def create_masked_store(ptrs, value, mask, cache_policy):
+        def create_masked_store(ptrs, value, mask, *policies):
             if view.order.shuffled:
                 np_dtype = interpreter._get_np_dtype(ptrs.get_element_ty())
                 view._record_store(ptrs.data, mask.data, np_dtype)
-            return store(ptrs, value, mask, cache_policy)
+            return store(ptrs, value, mask, *policies)
 
         builder.create_masked_load = create_masked_load
         builder.create_masked_store = create_masked_store
