@@ -646,3 +646,49 @@ def test_interpreter_wrappers_pass_every_policy_argument_through(builder_class, 
     assert builder.create_masked_load("ptrs", mask, None, *policies) == "loaded"
     builder.create_masked_store("ptrs", "value", mask, *policies[:-1])
     assert builder.calls == [("load", *policies), ("store", *policies[:-1])] * 2
+
+
+def test_a_scalar_argument_bounds_a_loop_where_numpy_refuses_one_element_arrays_as_ints():
+    """Triton 3.6's interpreter turned a scalar argument into an int with ``int(array)``, which
+    NumPy 2.4 refuses for a one-element array of one dimension: every kernel looping to a runtime
+    bound (``range(0, n, BLOCK)``) raised on CPU. Here the interpreter is given that reading, with
+    NumPy's strict rule, and the worker's compatibility layer must still run the loop."""
+    script = textwrap.dedent("""
+        import torch, triton, triton.language as tl
+        from triton.runtime import interpreter
+        from triton.runtime.errors import InterpreterError
+        from extensions.verify.sandboxed import interpreter_compat
+
+        def strict_int(data):
+            if data.ndim:
+                raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+            return int(data)
+
+        original = interpreter._patch_lang_tensor
+
+        def as_in_triton_3_6(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: strict_int(self.handle.data))
+
+        interpreter._patch_lang_tensor = as_in_triton_3_6
+
+        @triton.jit
+        def total(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            for start in range(0, n, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+            tl.store(y_ptr, tl.sum(acc))
+
+        x, y = torch.arange(100, dtype=torch.float32), torch.zeros(1)
+        try:
+            total[(1,)](x, y, 100, BLOCK=32)
+            raise AssertionError("the 3.6 reading ran the loop: the test no longer reproduces it")
+        except InterpreterError:
+            pass
+        interpreter_compat.index_with_one_element_arrays()
+        total[(1,)](x, y, 100, BLOCK=32)
+        assert float(y) == 4950.0, float(y)
+        print("ok")
+    """)
+    _passes_in_the_interpreter(script)

@@ -44,6 +44,8 @@
 * The interpreter types some combined masks (a block mask ``&`` a scalar condition) as int32
   holding 0 and 1, and its load and store refuse any mask that is not bool; compiled, the same
   expression is a boolean. ``read_zero_one_masks_as_bool`` reads such a mask as the boolean it is.
+* Triton 3.6 reads a scalar argument as a Python int in a way NumPy 2.4 refuses;
+  ``index_with_one_element_arrays`` reads it as later releases do.
 * ``tl.dot`` on fp32 operands defaults to TF32 (``input_precision="tf32"``): a GPU rounds each
   operand to 10 mantissa bits, the interpreter multiplies them in full fp32, so a GEMM that the
   fp32 tolerance rejects on CUDA passed on CPU. ``round_dot_operands_to_tf32`` rounds them as a
@@ -86,6 +88,7 @@ def install() -> InterpreterRun:
     refuse_non_constexpr_globals()
     fill_fresh_memory_with_nan()
     read_zero_one_masks_as_bool()
+    index_with_one_element_arrays()
     round_dot_operands_to_tf32()
     order = ProgramOrder()
     order.install()
@@ -497,6 +500,26 @@ def read_zero_one_masks_as_bool() -> None:
     create_masked_load.reads_zero_one_masks = True
     InterpreterBuilder.create_masked_load = create_masked_load
     InterpreterBuilder.create_masked_store = create_masked_store
+
+
+def index_with_one_element_arrays() -> None:
+    """A scalar kernel argument is a one-element array in the interpreter. Triton 3.6 reads it
+    as a Python int (``range(0, n, BLOCK)``, a shape) with ``int(array)``, which NumPy 2.4 refuses
+    for arrays of one dimension ("only 0-dimensional arrays can be converted"): every kernel
+    looping to a runtime bound was rejected on CPU. Later Triton releases squeeze the array
+    first, as this does; an array of more than one element still raises."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "indexes_one_element_arrays", False):
+        return
+
+    def _patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    _patch_lang_tensor.indexes_one_element_arrays = True
+    interpreter._patch_lang_tensor = _patch_lang_tensor
 
 
 # -- tl.dot precision ------------------------------------------------------------------------------
