@@ -625,14 +625,17 @@ class _Builder39(_Builder36):
 @pytest.mark.parametrize("builder_class", [_Builder36, _Builder39], ids=["triton-3.6", "triton-3.9"])
 def test_interpreter_wrappers_pass_every_policy_argument_through(builder_class, monkeypatch):
     """The worker's wrappers around the interpreter's masked load and store (the 0/1 mask reading
-    and the concurrent memory view) hand the arguments after the mask on as they come: a wrapper
-    spelled for one release raised TypeError in the other on every masked load, which rejected
-    every correct kernel on CPU."""
+    and the concurrent memory view) hand the arguments after the mask on as they come, by position
+    or by name: a wrapper spelled for one release raised TypeError in the other on every masked
+    load, which rejected every correct kernel on CPU."""
+    import inspect
+
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
     from extensions.verify.sandboxed import interpreter_compat
 
+    names = list(inspect.signature(builder_class.create_masked_load).parameters)[4:]
     monkeypatch.setattr(interpreter, "InterpreterBuilder", builder_class)
     interpreter_compat.read_zero_one_masks_as_bool()
     policies = ("a", "b", False)[: 3 if builder_class is _Builder36 else 2]
@@ -645,7 +648,12 @@ def test_interpreter_wrappers_pass_every_policy_argument_through(builder_class, 
     view.install(builder)
     assert builder.create_masked_load("ptrs", mask, None, *policies) == "loaded"
     builder.create_masked_store("ptrs", "value", mask, *policies[:-1])
-    assert builder.calls == [("load", *policies), ("store", *policies[:-1])] * 2
+    # A tensor descriptor's load names them (and in 3.6 passes its mask as a bare array).
+    assert builder.create_masked_load("ptrs", mask, None, **dict(zip(names, policies))) == "loaded"
+    assert builder.create_masked_load("ptrs", np.ones(4, dtype=np.bool_), None, *policies) == "loaded"
+    builder.create_masked_store("ptrs", "value", np.ones(4, dtype=np.bool_), *policies[:-1])
+    assert builder.calls == [("load", *policies), ("store", *policies[:-1])] * 2 + [("load", *policies)] * 2 + [
+        ("store", *policies[:-1])]
 
 
 def test_a_scalar_argument_bounds_a_loop_where_numpy_refuses_one_element_arrays_as_ints():

@@ -467,11 +467,19 @@ def _fill_mode(value: float):
 
 # -- masks -----------------------------------------------------------------------------------------
 
+def _mask_values(mask) -> np.ndarray:
+    """The array of a load's or store's mask: a ``TensorHandle``'s data, or the bare array a
+    tensor descriptor's load and store pass in Triton 3.6 (whose ``.data`` is a memoryview)."""
+    return mask if isinstance(mask, np.ndarray) else mask.data
+
+
 def _as_bool_mask(mask):
     """``mask`` as bool where the interpreter typed a boolean expression as an integer: values
     other than 0 and 1 are left for the interpreter to refuse, as before."""
     from triton.runtime.interpreter import TensorHandle
 
+    if isinstance(mask, np.ndarray):
+        return mask
     data = mask.data
     if data.dtype == np.bool_ or data.dtype.kind not in "iu" or not np.isin(data, (0, 1)).all():
         return mask
@@ -490,12 +498,13 @@ def read_zero_one_masks_as_bool() -> None:
         return
 
     # The policy arguments after the mask differ between Triton releases (one ``cache_policy`` in
-    # 3.9, ``cache_modifier, eviction_policy`` in 3.6): they pass through as they come.
-    def create_masked_load(self, ptrs, mask, other, *policies):
-        return load(self, ptrs, _as_bool_mask(mask), other, *policies)
+    # 3.9, ``cache_modifier, eviction_policy`` in 3.6) and come by position or by name (a tensor
+    # descriptor's load): they pass through as they come.
+    def create_masked_load(self, ptrs, mask, other, *policies, **named):
+        return load(self, ptrs, _as_bool_mask(mask), other, *policies, **named)
 
-    def create_masked_store(self, ptrs, value, mask, *policies):
-        return store(self, ptrs, value, _as_bool_mask(mask), *policies)
+    def create_masked_store(self, ptrs, value, mask, *policies, **named):
+        return store(self, ptrs, value, _as_bool_mask(mask), *policies, **named)
 
     create_masked_load.reads_zero_one_masks = True
     InterpreterBuilder.create_masked_load = create_masked_load
@@ -624,17 +633,17 @@ class ConcurrentMemoryView:
         load, store = builder.create_masked_load, builder.create_masked_store
         view = self
 
-        def create_masked_load(ptrs, mask, other, *policies):
-            result = load(ptrs, mask, other, *policies)
+        def create_masked_load(ptrs, mask, other, *policies, **named):
+            result = load(ptrs, mask, other, *policies, **named)
             if view.order.shuffled and not view._synchronised and view._writer:
-                view._see_before_other_programs(ptrs.data, mask.data, result)
+                view._see_before_other_programs(ptrs.data, _mask_values(mask), result)
             return result
 
-        def create_masked_store(ptrs, value, mask, *policies):
+        def create_masked_store(ptrs, value, mask, *policies, **named):
             if view.order.shuffled:
                 np_dtype = interpreter._get_np_dtype(ptrs.get_element_ty())
-                view._record_store(ptrs.data, mask.data, np_dtype)
-            return store(ptrs, value, mask, *policies)
+                view._record_store(ptrs.data, _mask_values(mask), np_dtype)
+            return store(ptrs, value, mask, *policies, **named)
 
         builder.create_masked_load = create_masked_load
         builder.create_masked_store = create_masked_store
