@@ -547,6 +547,11 @@ def main(argv=None) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run with --dry-run on a CPU", file=sys.stderr)
         return 2
+    if args.dry_run:
+        # Triton 3.6's interpreter with NumPy 2.4+ cannot read a scalar argument as an int; the
+        # verifier's worker mends that, and so must the dry run.
+        from extensions.verify.sandboxed.interpreter_compat import index_with_one_element_arrays
+        index_with_one_element_arrays()
     torch.manual_seed(SEED)
     bench = BenchDevice(args.dry_run)
     config = timing_config(args)
