@@ -58,6 +58,14 @@ def _run_in_interpreter(task_code: str, solution_code: str, seed: int):
 @pytest.mark.parametrize("label,task_code,solution_code", _cases(), ids=lambda v: v if isinstance(v, str) and ":" in v else "")
 def test_solution_matches_pytorch_in_interpreter(label, task_code, solution_code, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # As in the verifier's worker: Triton 3.6 with NumPy 2.4+ cannot read a scalar argument as an
+    # int without it (restored after the test).
+    from triton.runtime import interpreter
+
+    from extensions.verify.sandboxed.interpreter_compat import index_with_one_element_arrays
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", interpreter._patch_lang_tensor)
+    index_with_one_element_arrays()
     for seed in (0, 1):
         expected, actual = _run_in_interpreter(task_code, solution_code, seed)
         assert actual.shape == expected.shape and actual.dtype == expected.dtype, label
