@@ -5,6 +5,7 @@
 #
 #   bash bench/device_session.sh env gpu_tests verifier            # one call
 #   bash bench/device_session.sh gpu_suites_process                # the suites under process isolation
+#   bash bench/device_session.sh cpu_suites                        # verdicts on CPU with the image's Triton
 #   bash bench/device_session.sh timing                            # another
 #   bash bench/device_session.sh value_reach                       # scale_up's reach per problem
 #   bash bench/device_session.sh rollout sft
@@ -61,6 +62,12 @@ run_gpu_suites() {  # run_gpu_suites ISOLATION (auto: bubblewrap, or process): t
 run_gpu_tests() {
   run_gpu_marked
   run_gpu_suites auto
+}
+
+run_cpu_suites() {  # verdicts judged on CPU with this machine's Triton and NumPy (the interpreter's patches)
+  step cpu_suites 540 env KERNEL_RL_TEST_DEVICE=cpu KERNELBENCH_JSONL="$KERNELBENCH" \
+    "$PY" -m pytest -q tests/verify/test_interpreter_gaps.py tests/verify/test_tensor_descriptors.py \
+    tests/verify/test_triton_cache.py tests/verify/test_kernelbench_solutions.py -p no:cacheprovider
 }
 
 run_verifier() {
@@ -158,7 +165,8 @@ run_rehearsal() {
 for name in "$@"; do
   case "$name" in
     env) run_env ;; gpu_tests) run_gpu_tests ;; gpu_marked) run_gpu_marked ;;
-    gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; verifier) run_verifier ;; value_reach) run_value_reach ;; timing) run_timing ;;
+    gpu_suites) run_gpu_suites auto ;; gpu_suites_process) run_gpu_suites process ;; cpu_suites) run_cpu_suites ;;
+    verifier) run_verifier ;; value_reach) run_value_reach ;; timing) run_timing ;;
     rollout) run_rollout ;; sft) run_sft ;; multi_gpu) run_multi_gpu ;; rehearsal) run_rehearsal ;;
     rl_algorithms) run_rl_algorithms ;; synthesize) run_synthesize ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
