@@ -355,7 +355,7 @@ def timed_close():
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ["mode", "slots", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct",
+    head = ["mode", "slots", "reference processes", "device", "isolation", "candidates", "processes", "wall s", "candidates/min", "correct",
             "correct/min", "longest silence s", "reference s max"]
     if any("vs fresh process" in row for row in rows):
         head.append("vs fresh process")
@@ -382,6 +382,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0, help="parallel workers for both sides (0: default)")
     parser.add_argument("--slots", default="",
                         help="comma-separated worker-slot counts to run the verifier at (default: --workers)")
+    parser.add_argument("--reference-processes", default="",
+                        help="comma-separated verifier.reference_processes values to run each slot count at "
+                             "(default: the config's)")
     parser.add_argument("--baseline-slots", default="",
                         help="slot counts at which the fresh-process baseline also runs (default: the largest)")
     parser.add_argument("--timing", choices=("auto", "on", "off"), default="auto",
@@ -426,6 +429,8 @@ def main() -> None:
     baseline_batch = [(label, shrunk[problem], text) for label, problem, text in batch]
     default_slots = config.workers or (os.cpu_count() or 1 if args.device == "cpu" else 2)
     slot_counts = [int(n) for n in args.slots.split(",") if n.strip()] or [default_slots]
+    reference_counts = [int(n) for n in args.reference_processes.split(",") if n.strip()] or [
+        config.reference_processes]
     baseline_at = {int(n) for n in args.baseline_slots.split(",") if n.strip()} or {max(slot_counts)}
     print(f"shape {args.shape}: {len(batch)} candidates over {len({p for _, p, _ in batch})} problems; "
           f"timing {'on' if config.enable_calibrated_timing else 'off'}; slots {slot_counts}", file=sys.stderr, flush=True)
@@ -438,7 +443,10 @@ def main() -> None:
     for slots in slot_counts:
         config.workers = slots
         slot_rows = []
-        for key in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        runs = [(key, refs) for key in [m.strip() for m in args.modes.split(",") if m.strip()]
+                for refs in reference_counts]
+        for key, refs in runs:
+            config.reference_processes = refs
             if key not in VERIFIER_MODES:
                 parser.error(f"unknown mode {key!r}; choose among {sorted(VERIFIER_MODES)}")
             mode, fork_server, prebuilt_cache, reference_server = VERIFIER_MODES[key]
@@ -449,7 +457,7 @@ def main() -> None:
                 results = verify_batch([VerifyRequest(p, t, label) for label, p, t in batch], config,
                                        device=args.device, progress=True)
             wall = time.monotonic() - started
-            run_key = f"{key}@{slots}"
+            run_key = f"{key}@{slots}" + (f"/refs{refs}" if refs else "")
             last_end = max((r.details["batch_span_s"][1] for r in results if "batch_span_s" in r.details), default=None)
             silence, silence_began = longest_silence(results)
             if closing:
@@ -462,8 +470,8 @@ def main() -> None:
             timelines[run_key] = timeline_table(results)
             prepare = [r.details.get("problem_prepare_s") for r in results if r.details.get("problem_prepare_s")]
             slot_rows.append({
-                "mode": mode, "slots": slots, "device": args.device, "candidates": len(batch),
-                "processes": summary["per_stage_reached"]["static"] - summary["cached"],
+                "mode": mode, "slots": slots, "reference processes": refs or "auto", "device": args.device,
+                "candidates": len(batch), "processes": summary["per_stage_reached"]["static"] - summary["cached"],
                 "wall s": f"{wall:.1f}", "candidates/min": f"{60 * len(batch) / wall:.1f}",
                 "correct": summary["correct"], "correct/min": f"{60 * summary['correct'] / wall:.1f}",
                 "longest silence s": f"{silence:.1f} (from {silence_began:.0f})",

@@ -11,7 +11,8 @@ say where things go, how often to log or save, or how fast to compute the same n
 - ``rl``: the ``sft`` keys (RL trains with some of them and starts from the SFT adapter), ``rl`` and
   ``verifier`` (rewards), except ``rl.keep_last_rounds``, ``verify_chunk_size``,
   ``overlap_verification``, ``generation_batch_size``, ``cuda_graphs``, ``compile_decode`` and ``verifier.workers``,
-  ``prespawn_workers``, ``prebuilt_triton_cache``, ``fork_servers_per_slot``, ``reference_server``.
+  ``prespawn_workers``, ``prebuilt_triton_cache``, ``fork_servers_per_slot``, ``reference_server``,
+  ``reference_processes``.
   An unfinished RL run may be continued with another ``rl.num_rounds``.
 - ``eval``: ``model``, ``eval`` and ``verifier``, except ``eval.generation_batch_size``,
   ``compile_decode``, ``generation_workers`` and the verifier's worker counts.
@@ -32,7 +33,8 @@ _SFT_SECTIONS = ("run.seed", "model", "lora", "sft")
 _SFT_IGNORED = ("sft.save_every_steps", "sft.eval_every_steps", "sft.keep_last_checkpoints", "sft.log_every_steps",
                 "sft.gradient_checkpointing")
 _VERIFIER_SPEED = ("verifier.workers", "verifier.prespawn_workers", "verifier.prebuilt_triton_cache",
-                   "verifier.fork_servers_per_slot", "verifier.reference_server")
+                   "verifier.fork_servers_per_slot", "verifier.reference_server",
+                   "verifier.reference_processes")
 STAGE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # stage: (sections or keys that count, keys inside them that do not)
     "sft": (_SFT_SECTIONS, _SFT_IGNORED),

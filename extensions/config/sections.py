@@ -238,6 +238,9 @@ class VerifierConfig:
     # CUDA started once per process, not per problem); a process that fails or times out is
     # replaced. False: a fresh process per problem.
     reference_server: bool = True
+    # Reference processes at once. 0: as many as the worker slots on CPU; on CUDA half the slots,
+    # at least two (each is one more CUDA context sharing the GPU's time slices: docs/benchmarks.md).
+    reference_processes: int = 0
     # Host memory a candidate's processes may take beyond the worker's own (interpreter, torch,
     # Triton); above it the tree is killed (memory_limit). 0: no cap.
     memory_limit_mb: int = 3072

@@ -61,7 +61,7 @@ def verifier_digest() -> str:
 
 # How verification is scheduled, not what it checks: these do not enter a verdict's key.
 _SCHEDULING_KEYS = ("workers", "fork_server", "fork_servers_per_slot", "prespawn_workers", "prebuilt_triton_cache",
-                    "reference_server")
+                    "reference_server", "reference_processes")
 
 
 def _timing_only(key: str) -> bool:

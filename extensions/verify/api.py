@@ -170,11 +170,12 @@ class VerifierSession:
         # Every problem's reference starts at once (trusted, in a process of its own: they need no
         # sandbox, so they do not wait for the probe) and each candidate starts as soon as its own
         # problem is ready (references need no worker slot: they are trusted and short).
-        self._preparing = ThreadPoolExecutor(max_workers=_preparing_threads(self.device, self.pool))
+        references = _preparing_threads(self.device, self.pool, self.config.reference_processes)
+        self._preparing = ThreadPoolExecutor(max_workers=references)
         # A problem's reference is built when it comes within the read-ahead (or a worker slot wants
         # it): its inputs and outputs stay in memory until its last candidate is judged, so a batch of
         # thousands of problems must not build them all at once.
-        self._read_ahead = max(2 * self.pool.size, _preparing_threads(self.device, self.pool))
+        self._read_ahead = max(2 * self.pool.size, references)
         # One judging thread per problem of the read-ahead, not per worker slot: a thread waits for
         # its problem's reference before it takes a slot (``judge_candidate``), so a reference that
         # takes long (a floor's ambiguity runs: 40 s) holds up its own candidates, not a slot.
@@ -465,11 +466,15 @@ def verify_batch(requests: Sequence[VerifyRequest], config=None, *, device: Opti
         return [future.result() for future in futures]
 
 
-def _preparing_threads(device: str, pool: DevicePool) -> int:
-    """How many reference processes run at once: on CPU no more than the worker slots (they share
-    the cores); on CUDA up to half the cores, since a reference mostly imports and starts CUDA."""
-    limit = pool.size if device == "cpu" else max(pool.size, (os.cpu_count() or 2) // 2)
-    return max(1, limit)
+def _preparing_threads(device: str, pool: DevicePool, configured: int = 0) -> int:
+    """How many reference processes run at once (``verifier.reference_processes``; 0: as many as
+    the worker slots on CPU, where they share the cores; on CUDA half the slots, at least two). On
+    one GPU each process is one more CUDA context in the GPU's time slices: a reference that took
+    1 s alone took 18 s beside three others and 39 s beside seven; two processes let one problem
+    with a long reference (a floor's ambiguity runs, 50 s) hold up the rest (docs/benchmarks.md)."""
+    if configured > 0:
+        return configured
+    return max(1, pool.size if device == "cpu" else max(2, pool.size // 2))
 
 
 def _merge_screen(result: VerifyResult, item: _Screened, config) -> None:

@@ -19,7 +19,7 @@ from extensions.config import VerifierConfig
 from extensions.verify import VerifierError, VerifierSession, VerifyRequest, verify_batch
 
 from project_paths import FIXTURES_DIR
-from sandbox_support import adopting_orphans, descendants, wait_no_descendants
+from sandbox_support import adopting_orphans, descendants, processes_with, wait_no_descendants
 
 PROBLEM = (FIXTURES_DIR / "eval" / "tasks" / "relu.py").read_text()
 
@@ -112,20 +112,35 @@ def test_a_batch_of_many_problems_builds_references_only_a_few_ahead_of_the_work
     assert max(held) <= read_ahead + 1, held  # + the one a worker slot is judging
 
 
-def test_a_slow_reference_holds_up_its_own_candidates_only(monkeypatch):
+def test_a_slow_reference_holds_up_its_own_candidates_only():
     # A floor's reference takes tens of seconds (its ambiguity runs); a worker slot that waited
     # for it idled while candidates of ready problems queued behind it.
-    import extensions.verify.api as api
-
-    monkeypatch.setattr(api, "_preparing_threads", lambda device, pool: 3)  # a GPU host's spare references
     slow_problem = PROBLEM.replace("super().__init__()", "super().__init__()\n        import time; time.sleep(40)")
     with pytest.raises(KeyboardInterrupt):  # the slow one is not waited for
-        with VerifierSession(_config(workers=1), device="cpu") as session:
+        # More reference processes than slots, as a GPU host runs them.
+        with VerifierSession(_config(workers=1, reference_processes=3), device="cpu") as session:
             slow, fast = session.submit_many([VerifyRequest(slow_problem, RELU, "slow"),
                                               VerifyRequest(OTHER_PROBLEM, RELU, "fast")])
             assert fast.result(timeout=35).correct  # judged on the one slot meanwhile
             assert not slow.done()
             raise KeyboardInterrupt
+
+
+def test_reference_processes_bounds_the_reference_processes_at_once():
+    # On a GPU each reference process is one more CUDA context: beside seven others a reference
+    # that took a second alone took 39 s (bench/reference_profile.py). The setting is a bound.
+    marker = "extensions.verify.reference.reference_worker"
+    before = set(processes_with(marker))
+    slow = [PROBLEM.replace("dim = 64", f"dim = {40 + i}").replace(
+        "super().__init__()", "super().__init__()\n        import time; time.sleep(1)") for i in range(3)]
+    seen = 0
+    with VerifierSession(_config(workers=3, reference_processes=2), device="cpu") as session:
+        futures = session.submit_many([VerifyRequest(p, RELU, str(i)) for i, p in enumerate(slow)])
+        while not all(f.done() for f in futures):
+            seen = max(seen, len(set(processes_with(marker)) - before))
+            time.sleep(0.05)
+        assert all(f.result().correct for f in futures)
+    assert seen == 2, seen  # three problems ready at once, two processes building them
 
 
 def test_a_stopped_session_cancels_what_waits_and_leaves_nothing_behind():
