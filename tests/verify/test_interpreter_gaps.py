@@ -700,3 +700,150 @@ def test_a_scalar_argument_bounds_a_loop_where_numpy_refuses_one_element_arrays_
         print("ok")
     """)
     _passes_in_the_interpreter(script)
+
+
+# -- bfloat16 in the interpreter -------------------------------------------------------------------
+
+def test_bfloat16_converts_and_computes_on_values_as_a_gpu_does():
+    """NumPy has no bfloat16, so the interpreter keeps bf16 as 16-bit patterns: it truncated fp32
+    into bf16, cast integers and fp64 to the patterns' numeric values, and added, multiplied and
+    ``tl.dot``-ed the patterns themselves. Each operation below must give what PyTorch gives (a GPU
+    rounds to nearest even and computes on values), first shown to differ without the mend."""
+    script = textwrap.dedent("""
+        import torch, triton, triton.language as tl
+        from triton.runtime.errors import InterpreterError
+        from extensions.verify.sandboxed import interpreter_compat
+
+        @triton.jit
+        def convert(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+        @triton.jit
+        def arithmetic(x_ptr, y_ptr, o_ptr, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            x, y = tl.load(x_ptr + offs), tl.load(y_ptr + offs)
+            tl.store(o_ptr + offs, x + y)
+            tl.store(o_ptr + BLOCK + offs, x * y)
+            tl.store(o_ptr + 2 * BLOCK + offs, tl.maximum(x, y) - tl.abs(y))
+            tl.store(o_ptr + 3 * BLOCK + offs, tl.where(x < y, -x, y))
+            tl.store(o_ptr + 4 * BLOCK + offs, tl.full([BLOCK], 1.7, tl.bfloat16) * x)
+
+        @triton.jit
+        def matmul(a_ptr, b_ptr, o_ptr, N: tl.constexpr):
+            r = tl.arange(0, N)
+            a = tl.load(a_ptr + r[:, None] * N + r[None, :])
+            b = tl.load(b_ptr + r[:, None] * N + r[None, :])
+            tl.store(o_ptr + r[:, None] * N + r[None, :], tl.dot(a, b))
+            tl.store(o_ptr + N * N + r, tl.sum(a, 1).to(tl.float32))
+
+        def run_all():
+            torch.manual_seed(0)
+            wrong = []
+            for source in (torch.randn(256) * 50, (torch.randn(256) * 50).double(), torch.randint(-3000, 3000, (256,))):
+                out = torch.empty(256, dtype=torch.bfloat16)
+                convert[(1,)](source, out, 256, BLOCK=256)
+                wrong.append(not torch.equal(out, source.to(torch.bfloat16)))
+            x, y = torch.randn(2, 256, dtype=torch.bfloat16).unbind(0)
+            out = torch.full((5, 256), float("nan"), dtype=torch.bfloat16)
+            try:
+                arithmetic[(1,)](x, y, out, BLOCK=256)
+            except InterpreterError:  # Triton 3.6 has no bf16 constants in the interpreter
+                pass
+            expected = torch.stack([x + y, x * y, torch.maximum(x, y) - y.abs(), torch.where(x < y, -x, y),
+                                    torch.tensor(1.7).to(torch.bfloat16) * x])
+            wrong += [not torch.equal(out[i], expected[i]) for i in range(5)]
+            a, b = torch.randn(2, 16, 16, dtype=torch.bfloat16).unbind(0)
+            out = torch.empty(16 * 16 + 16)
+            matmul[(1,)](a, b, out, N=16)
+            wrong.append(not torch.allclose(out[:256].view(16, 16), a.float() @ b.float(), atol=1e-4))
+            wrong.append(not torch.allclose(out[256:], a.float().sum(1), atol=0.05))
+            return wrong
+
+        before = run_all()
+        assert all(before[:3]) and all(before[3:5]) and before[-2] and before[-1], before
+        interpreter_compat.compute_bfloat16_as_values()
+        after = run_all()
+        assert not any(after), after
+        print("ok")
+    """)
+    _passes_in_the_interpreter(script)
+
+
+BF16_PROBLEM = """\
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y, a, b):
+        return torch.maximum(x, y) * 1.5 - y, a @ b
+
+
+def get_inputs():
+    return [torch.randn(16, 512, dtype=torch.bfloat16), torch.randn(16, 512, dtype=torch.bfloat16),
+            torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+BF16_CANDIDATE = """\
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def elementwise(x_ptr, y_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(o_ptr + offs, {elementwise}, mask=mask)
+
+
+@triton.jit
+def matmul(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        rk = k + tl.arange(0, BK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+class ModelNew(nn.Module):
+    def forward(self, x, y, a, b):
+        x, y, a, b = x.contiguous(), y.contiguous(), a.contiguous(), b.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        elementwise[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+        M, K = a.shape
+        N = b.shape[1]
+        c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        matmul[(triton.cdiv(M, 16), triton.cdiv(N, 16))](a, b, c, M, N, K, BM=16, BN=16, BK=16)
+        return out, c
+"""
+
+
+def test_bfloat16_kernels_are_judged_by_their_values(verify_isolation, verify_device):
+    """A kernel computing in bf16 (each operation rounded to bf16, as the eager reference does) and
+    a GEMM of bf16 operands with an fp32 accumulator are right; on CPU both were rejected (the
+    interpreter added bit patterns), and a kernel off by a slip of the formula is wrong anywhere."""
+    from extensions.config import VerifierConfig
+    from extensions.verify import VerifyRequest, verify_batch
+
+    right = BF16_CANDIDATE.format(elementwise="tl.maximum(x, y) * 1.5 - y")
+    wrong = BF16_CANDIDATE.format(elementwise="tl.maximum(x, y) * 1.5 - x")
+    results = verify_batch([VerifyRequest(BF16_PROBLEM, right, label="right"),
+                            VerifyRequest(BF16_PROBLEM, wrong, label="wrong")],
+                           VerifierConfig(isolation=verify_isolation, multi_input_num_tests=3),
+                           device=verify_device, progress=False)
+    assert results[0].correct and results[0].stage == "full", (results[0].stage, results[0].error)
+    assert not results[1].correct and results[1].error_category == "mismatch", (results[1].stage, results[1].error)

@@ -46,6 +46,15 @@
   expression is a boolean. ``read_zero_one_masks_as_bool`` reads such a mask as the boolean it is.
 * Triton 3.6 reads a scalar argument as a Python int in a way NumPy 2.4 refuses;
   ``index_with_one_element_arrays`` reads it as later releases do.
+* NumPy has no bfloat16: the interpreter keeps bf16 values as their 16 bits in ``uint16`` arrays,
+  converts into bf16 by truncating (fp32) or by a numeric cast to ``uint16`` (fp64, integers), and
+  computes on the bits themselves (``a + b`` of two bf16 blocks adds their bit patterns; so do
+  ``tl.dot`` and ``tl.sum``). A GPU rounds to nearest even and computes on the values, so every
+  correct kernel that stores fp32 results into a bf16 output was off by a truncation and every one
+  that computes in bf16 was rejected on CPU. ``compute_bfloat16_as_values`` converts as a GPU does
+  and computes each floating-point operation on bf16 operands in fp32, rounding the result back to
+  bf16 (a GPU's bf16 arithmetic rounds each operation's exact result once; fp32 then bf16 rounds
+  twice, which differs only where the fp32 result falls exactly on a bf16 tie).
 * ``tl.dot`` on fp32 operands defaults to TF32 (``input_precision="tf32"``): a GPU rounds each
   operand to 10 mantissa bits, the interpreter multiplies them in full fp32, so a GEMM that the
   fp32 tolerance rejects on CUDA passed on CPU. ``round_dot_operands_to_tf32`` rounds them as a
@@ -90,6 +99,7 @@ def install() -> InterpreterRun:
     read_zero_one_masks_as_bool()
     index_with_one_element_arrays()
     round_dot_operands_to_tf32()
+    compute_bfloat16_as_values()  # after the TF32 rounding: its dot then sees fp32 operands
     order = ProgramOrder()
     order.install()
     return InterpreterRun(order, autotune, FreshMemory())
@@ -557,6 +567,154 @@ def round_dot_operands_to_tf32() -> None:
 
     create_dot.rounds_to_tf32 = True
     InterpreterBuilder.create_dot = create_dot
+
+
+# -- bfloat16 --------------------------------------------------------------------------------------
+
+def bf16_bits_to_fp32(bits) -> np.ndarray:
+    """The fp32 values of bf16 bit patterns (exact: bf16 is fp32's upper half)."""
+    return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def fp32_to_bf16_bits(values) -> np.ndarray:
+    """bf16 bit patterns of fp32 ``values``, rounded to nearest even as a GPU's ``cvt.rn.bf16.f32``
+    and PyTorch do; NaN stays a (quiet) NaN of the same sign."""
+    values = np.asarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    odd = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = ((bits + np.uint32(0x7FFF) + odd) >> np.uint32(16)).astype(np.uint16)
+    quiet = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return np.where(np.isnan(values), quiet, rounded).astype(np.uint16)
+
+
+def fp32_to_bf16_bits_toward_zero(values) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    quiet = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    return np.where(np.isnan(values), quiet, (bits >> np.uint32(16)).astype(np.uint16)).astype(np.uint16)
+
+
+# Builder operations that compute on floating-point values: with a bf16 operand they run on its
+# fp32 values, and a result that comes back fp32 is rounded to bf16 (what the operation's type is).
+_BF16_ARITHMETIC = (
+    "create_fadd", "create_fsub", "create_fmul", "create_fdiv", "create_frem", "create_fneg",
+    "create_precise_divf", "create_approx_divf", "create_minimumf", "create_minnumf", "create_maximumf",
+    "create_maxnumf", "create_clampf", "create_fma", "create_fabs", "create_cos", "create_sin",
+    "create_exp", "create_exp2", "create_log", "create_log2", "create_sqrt", "create_precise_sqrt",
+    "create_rsqrt", "create_erf", "create_floor", "create_ceil",
+    "create_fcmpOLT", "create_fcmpOGT", "create_fcmpOLE", "create_fcmpOGE", "create_fcmpOEQ", "create_fcmpONE",
+    "create_fcmpULT", "create_fcmpUGT", "create_fcmpULE", "create_fcmpUGE", "create_fcmpUEQ", "create_fcmpUNE",
+)
+
+
+def compute_bfloat16_as_values() -> None:
+    import triton.language as tl
+    from triton.runtime import interpreter
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+
+    if getattr(InterpreterBuilder, "bf16_as_values", False):
+        return
+
+    def is_bf16(handle) -> bool:
+        return isinstance(handle, TensorHandle) and handle.dtype.scalar == tl.bfloat16
+
+    def as_fp32(handle):
+        return TensorHandle(bf16_bits_to_fp32(handle.data), tl.float32) if is_bf16(handle) else handle
+
+    def as_bf16(handle):
+        return TensorHandle(fp32_to_bf16_bits(handle.data), tl.bfloat16)
+
+    def on_values(method: Callable) -> Callable:
+        def run(self, *args):
+            if not any(is_bf16(a) for a in args):
+                return method(self, *args)
+            result = method(self, *(as_fp32(a) for a in args))
+            if isinstance(result, TensorHandle) and result.dtype.scalar == tl.float32:
+                return as_bf16(result)
+            return result
+        return run
+
+    for name in _BF16_ARITHMETIC:
+        method = getattr(InterpreterBuilder, name, None)
+        if method is not None:
+            setattr(InterpreterBuilder, name, on_values(method))
+
+    dot = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, *rest):
+        # bf16 operands are exact in fp32; the accumulator's type is the result's
+        return dot(self, as_fp32(a), as_fp32(b), d, *rest)
+
+    InterpreterBuilder.create_dot = create_dot
+
+    cast = InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        into, out_of = dst_type.scalar == tl.bfloat16, is_bf16(src)
+        if into and out_of:
+            return TensorHandle(src.data, tl.bfloat16)
+        if into:
+            return TensorHandle(fp32_to_bf16_bits(np.asarray(src.data).astype(np.float32)), tl.bfloat16)
+        if out_of:
+            values = bf16_bits_to_fp32(src.data)
+            return TensorHandle(values.astype(interpreter._get_np_dtype(dst_type)), dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    InterpreterBuilder.cast_impl = cast_impl
+    fp_to_fp = InterpreterBuilder.create_fp_to_fp
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        source = src.dtype.scalar
+        if dst_type.scalar == tl.bfloat16 and source in (tl.float32, tl.float16, tl.float64):
+            values = np.asarray(src.data).astype(np.float32)
+            toward_zero = rounding_mode is not None and "RTZ" in str(rounding_mode)
+            convert = fp32_to_bf16_bits_toward_zero if toward_zero else fp32_to_bf16_bits
+            return TensorHandle(convert(values), tl.bfloat16)
+        if is_bf16(src) and dst_type.scalar in (tl.float32, tl.float16, tl.float64):
+            values = bf16_bits_to_fp32(src.data)
+            return TensorHandle(values.astype(interpreter._get_np_dtype(dst_type)), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
+    if not hasattr(InterpreterBuilder, "get_bf16"):  # Triton 3.6: a bf16 constant raised
+        InterpreterBuilder.get_bf16 = lambda self, value: TensorHandle(
+            fp32_to_bf16_bits(np.array([value], dtype=np.float32)), tl.bfloat16)
+    _reduce_bf16_as_values(interpreter)
+    InterpreterBuilder.bf16_as_values = True
+
+
+def _reduce_bf16_as_values(interpreter) -> None:
+    """The interpreter's NumPy fast paths of ``tl.sum``/``max``/``min`` and ``cumsum``/``cumprod``
+    run on the array itself: for bf16, on its fp32 values, the result rounded back."""
+    import triton.language as tl
+
+    def scalar_or_block(like, data):
+        # ``to_tensor`` makes a block of any array with a shape; a scalar's one element goes alone
+        return data if like.type.is_block() else data.reshape(-1)[0]
+
+    def on_values(method: Callable) -> Callable:
+        def run(self, input, *args, **kwargs):
+            value = input[0] if isinstance(input, tuple) else input
+            if value.dtype.scalar != tl.bfloat16:
+                return method(self, input, *args, **kwargs)
+            widened = self.to_tensor(scalar_or_block(value, bf16_bits_to_fp32(value.handle.data)), tl.float32)
+            result = method(self, (widened, *input[1:]) if isinstance(input, tuple) else widened, *args, **kwargs)
+
+            def narrow(t):
+                if getattr(t, "dtype", None) is not None and t.dtype.scalar == tl.float32:
+                    return self.to_tensor(scalar_or_block(t, fp32_to_bf16_bits(t.handle.data)), tl.bfloat16)
+                return t
+
+            if isinstance(result, (list, tuple)):
+                return type(result)(narrow(t) for t in result)
+            return narrow(result)
+        return run
+
+    for cls, names in ((interpreter.ReduceOps, ("min_max", "sum")), (interpreter.ScanOps, ("cumsum", "cumprod"))):
+        for name in names:
+            method = getattr(cls, name, None)
+            if method is not None:
+                setattr(cls, name, on_values(method))
 
 
 # -- program order -------------------------------------------------------------------------------
