@@ -75,6 +75,33 @@ def capped_slack(magnitudes, out, share: float, atol: float, rtol: float):
     return None if negligible else terms
 
 
+def reference_rounding(out, exact, atol: float, rtol: float):
+    """Per element of a low-precision (fp16/bf16) output ``out``: its distance from ``exact`` (the
+    fp64 model on the same inputs), in fp32; None where that stays ``NEGLIGIBLE_SLACK`` of the
+    tolerance ``atol`` + ``rtol`` |out| everywhere. The eager forward rounds every step to the low
+    precision, and where a step's larger intermediate cancels (``(x + y) - y``, a residual added and
+    taken away) the reference is several of the output's ulps off; a kernel that keeps fp32 between
+    steps, as torch inductor's do, is nearer the exact value by as much."""
+    import torch
+
+    error = (out.detach().double() - exact.detach().to(out.device, torch.float64)).abs_()
+    error = error.nan_to_num_(nan=0.0, posinf=0.0).float()
+    sizes = out.detach().abs().float().nan_to_num_(nan=0.0, posinf=0.0)
+    floor = sizes.mul_(rtol * NEGLIGIBLE_SLACK).add_(atol * NEGLIGIBLE_SLACK)
+    return None if bool(torch.le(error, floor).all()) else error
+
+
+def add_slacks(a: Any, b: Any) -> Any:
+    """Two per-element slacks of one nested output added (None: no slack there)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a + b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return type(a)(add_slacks(x, y) for x, y in zip(a, b))
+    return b if a is None else a
+
+
 def all_finite(value: Any) -> bool:
     import torch
 
