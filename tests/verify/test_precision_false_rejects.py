@@ -338,3 +338,22 @@ def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, v
 def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", (name, result.error)
+
+
+def test_a_timed_calls_disagreement_at_the_references_rounding_goes_to_the_parent():
+    """On a GPU the timer checks timed calls against the reference run beside the candidate, which
+    has the eager bf16 rounding and no slack: a kernel nearer the exact value disagrees with it at a
+    share of elements. The worker puts such a disagreement to the parent (which knows each element's
+    slack) rather than calling it a mismatch, for fp16/bf16 outputs only; in fp32 a disagreement that
+    wide is no rounding of the reference's."""
+    from extensions.verify.common.compare import disagreeing_elements
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 512, dtype=torch.bfloat16), 4 * torch.randn(16, 512, dtype=torch.bfloat16)
+    reference = (x + y) - y
+    accurate = ((x.float() + y.float()) - y.float()).to(torch.bfloat16)
+    places = disagreeing_elements(accurate, reference, VerifierConfig())
+    assert places is not None and 0 < places[0].numel() < reference.numel() // 8
+    assert compare_outputs(accurate, reference, VerifierConfig()) is not None  # without the slack, a mismatch
+    as_fp32 = reference.float() + (accurate.float() - reference.float()) * 1e-2 / 1e-4  # the same share, in fp32
+    assert disagreeing_elements(as_fp32, reference.float(), VerifierConfig()) is None

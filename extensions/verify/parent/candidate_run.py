@@ -22,7 +22,7 @@ from typing import Any, Optional
 from extensions.timing.schedule import LOCALISED_MAX
 from extensions.timing.tensors import flatten_tensors, with_elements
 
-from ..common.compare import ambiguous_bound, compare_outputs, inputs_unchanged
+from ..common.compare import compare_outputs, inputs_unchanged, localised_bound
 from ..common.judged_context import describe as describe_context
 from ..common.phases import PhaseClock, sanitize_phases
 from ..common.precision import TF32_HINT, dots_at_tf32
@@ -429,7 +429,7 @@ def _with_elements(expected: Any, places: Any) -> Any:
             raise ValueError("malformed localised place")
         index, values = place
         if (index.dtype != torch.int64 or index.dim() != 1 or values.shape != index.shape
-                or values.dtype != tensor.dtype or index.numel() > ambiguous_bound(tensor.numel())
+                or values.dtype != tensor.dtype or index.numel() > localised_bound(tensor.numel(), str(tensor.dtype).replace("torch.", ""))
                 or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= tensor.numel()))):
             raise ValueError("localised place out of bounds")
     return with_elements(expected, list(places))
