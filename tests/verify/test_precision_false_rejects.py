@@ -357,3 +357,19 @@ def test_a_timed_calls_disagreement_at_the_references_rounding_goes_to_the_paren
     assert compare_outputs(accurate, reference, VerifierConfig()) is not None  # without the slack, a mismatch
     as_fp32 = reference.float() + (accurate.float() - reference.float()) * 1e-2 / 1e-4  # the same share, in fp32
     assert disagreeing_elements(as_fp32, reference.float(), VerifierConfig()) is None
+
+
+def test_the_rounding_slack_covers_the_references_distance_in_its_own_dtype():
+    """The slack is stored beside the set in the output's dtype (half of fp32 beside a large bf16
+    output); rounded to it, it must still cover the reference's distance from its fp64 run."""
+    from extensions.verify.reference.tolerances import reference_rounding
+
+    torch.manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float16):
+        x, y = torch.randn(4096, dtype=dtype), 4 * torch.randn(4096, dtype=dtype)
+        reference, exact = (x + y) - y, (x.double() + y.double()) - y.double()
+        slack = reference_rounding(reference, exact, 1e-2, 1e-2)
+        assert slack is not None and slack.dtype == dtype
+        assert bool((slack.double() >= (reference.double() - exact).abs()).all())
+    same = torch.randn(4096, dtype=torch.bfloat16)
+    assert reference_rounding(same, same.double(), 1e-2, 1e-2) is None  # an exact reference: no slack
