@@ -49,9 +49,8 @@ def load_tasks(path: str, count: int) -> list[tuple[str, str]]:
 class SetClock:
     """Wall time of each ``try_add`` call by set kind, and of the build's other work."""
 
-    def __init__(self, builder_cls, device: str):
+    def __init__(self, builder_cls):
         self.by_kind: dict[str, list[float]] = {}
-        self.device = device
         original = builder_cls.try_add
         clock = self
 
@@ -105,7 +104,7 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     job = reference_job(VerifierConfig(), device)
     tasks = load_tasks(args.pairs, args.count + 1)
-    clock = SetClock(ReferenceBuilder, device)
+    clock = SetClock(ReferenceBuilder)
     started = time.perf_counter()
     first = build_one(tasks[0][1], job, draw_secret())
     print(f"first problem (the process's CUDA start, cold caches): {time.perf_counter() - started:.2f} s "

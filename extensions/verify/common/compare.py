@@ -66,7 +66,7 @@ def ambiguous_bound(numel: int) -> int:
     return ambiguous_limit(numel, coarse=True)
 
 
-def localised_bound(numel: int, dtype_name: str) -> int:
+def localised_bound(numel: int, dtype=None) -> int:
     """The most elements a timed call may disagree with the reference run beside it at and still be
     put to the parent (``disagreeing_elements``), per output of ``numel`` elements. The reference's
     ambiguous elements, and on an fp16/bf16 output also its own rounding: the eager reference is
@@ -74,7 +74,7 @@ def localised_bound(numel: int, dtype_name: str) -> int:
     parent knows that per-element slack (``tolerances.reference_rounding``). Bounded by
     ``AMBIGUOUS_MAX`` (what crosses back); the parent judges every such element."""
     bound = ambiguous_bound(numel)
-    if dtype_name in LOW_PRECISION:
+    if str(dtype).replace("torch.", "") in LOW_PRECISION:
         bound = max(bound, min(AMBIGUOUS_MAX, numel // 4))
     return bound
 
@@ -240,7 +240,7 @@ def disagreeing_elements(candidate: Any, reference: Any, config) -> Optional[lis
                 bad = o != r
             pieces.append(bad.nonzero().reshape(-1) + begin)
         index = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
-        if index.numel() > localised_bound(flat_ref.numel(), str(ref.dtype).replace("torch.", "")):
+        if index.numel() > localised_bound(flat_ref.numel(), ref.dtype):
             return None
         found = found or index.numel() > 0
         places.append(index if index.numel() else None)

@@ -429,7 +429,7 @@ def _with_elements(expected: Any, places: Any) -> Any:
             raise ValueError("malformed localised place")
         index, values = place
         if (index.dtype != torch.int64 or index.dim() != 1 or values.shape != index.shape
-                or values.dtype != tensor.dtype or index.numel() > localised_bound(tensor.numel(), str(tensor.dtype).replace("torch.", ""))
+                or values.dtype != tensor.dtype or index.numel() > localised_bound(tensor.numel(), tensor.dtype)
                 or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= tensor.numel()))):
             raise ValueError("localised place out of bounds")
     return with_elements(expected, list(places))

@@ -576,21 +576,14 @@ def bf16_bits_to_fp32(bits) -> np.ndarray:
     return (np.asarray(bits).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def fp32_to_bf16_bits(values) -> np.ndarray:
+def fp32_to_bf16_bits(values, toward_zero: bool = False) -> np.ndarray:
     """bf16 bit patterns of fp32 ``values``, rounded to nearest even as a GPU's ``cvt.rn.bf16.f32``
-    and PyTorch do; NaN stays a (quiet) NaN of the same sign."""
+    and PyTorch do (``toward_zero``: truncated, ``cvt.rz``); NaN stays a (quiet) NaN of the same sign."""
     values = np.asarray(values, dtype=np.float32)
     bits = values.view(np.uint32)
-    odd = (bits >> np.uint32(16)) & np.uint32(1)
-    rounded = ((bits + np.uint32(0x7FFF) + odd) >> np.uint32(16)).astype(np.uint16)
-    quiet = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-    return np.where(np.isnan(values), quiet, rounded).astype(np.uint16)
-
-
-def fp32_to_bf16_bits_toward_zero(values) -> np.ndarray:
-    values = np.asarray(values, dtype=np.float32)
-    bits = values.view(np.uint32)
-    quiet = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
+    if not toward_zero:
+        bits = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    quiet = ((values.view(np.uint32) >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
     return np.where(np.isnan(values), quiet, (bits >> np.uint32(16)).astype(np.uint16)).astype(np.uint16)
 
 
@@ -664,15 +657,13 @@ def compute_bfloat16_as_values() -> None:
     fp_to_fp = InterpreterBuilder.create_fp_to_fp
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
-        source = src.dtype.scalar
-        if dst_type.scalar == tl.bfloat16 and source in (tl.float32, tl.float16, tl.float64):
+        floats = (tl.float32, tl.float16, tl.float64)
+        into = dst_type.scalar == tl.bfloat16 and src.dtype.scalar in floats
+        if into and rounding_mode is not None and "RTZ" in str(rounding_mode):
             values = np.asarray(src.data).astype(np.float32)
-            toward_zero = rounding_mode is not None and "RTZ" in str(rounding_mode)
-            convert = fp32_to_bf16_bits_toward_zero if toward_zero else fp32_to_bf16_bits
-            return TensorHandle(convert(values), tl.bfloat16)
-        if is_bf16(src) and dst_type.scalar in (tl.float32, tl.float16, tl.float64):
-            values = bf16_bits_to_fp32(src.data)
-            return TensorHandle(values.astype(interpreter._get_np_dtype(dst_type)), dst_type.scalar)
+            return TensorHandle(fp32_to_bf16_bits(values, toward_zero=True), tl.bfloat16)
+        if into or (is_bf16(src) and dst_type.scalar in floats):
+            return self.cast_impl(src, dst_type)  # to nearest, as cast_impl above converts
         return fp_to_fp(self, src, dst_type, rounding_mode)
 
     InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
