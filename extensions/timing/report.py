@@ -62,6 +62,9 @@ class SpeedupReport:
     # ``(input index, per output tensor None or (flat indices, candidate values))``. The caller
     # judges them (``measure_speedup``'s ``localise_outputs``); they void nothing here.
     localised_mismatches: list = field(default_factory=list)
+    # Checked calls whose output disagreed more widely: ``(input index, the whole output on the
+    # host)``, at most ``schedule.WHOLE_PER_SET`` distinct ones per set; the caller judges them too.
+    whole_mismatches: list = field(default_factory=list)
 
     def add_flag(self, flag: str) -> None:
         if flag not in self.flags:

@@ -294,6 +294,20 @@ class _RunnerBase:
         return [None if index is None else (index.to("cpu"), out.reshape(-1)[index].to("cpu"))
                 for out, index in zip(outputs, places)]
 
+    def output_on_host(self) -> Any:
+        """A host copy of the candidate's last output, taken now: the candidate cannot change
+        what the caller will judge by writing into its earlier output later."""
+        import torch
+
+        def copy(value):
+            if isinstance(value, torch.Tensor):
+                return value.detach().to("cpu", copy=True)
+            if isinstance(value, (list, tuple)):
+                return type(value)(copy(v) for v in value)
+            return value
+
+        return copy(self._last[CANDIDATE])
+
     def timers_intact(self) -> bool:
         return all(getattr(owner, name, None) is value for owner, name, value in self._timer_bindings)
 

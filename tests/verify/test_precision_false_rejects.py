@@ -313,6 +313,22 @@ RESIDUAL_BF16 = textwrap.dedent('''
 ''')
 RESIDUAL_IN_FP32 = _elementwise_kernel(["x", "y"], "(x + y) - y", "torch.bfloat16", "out.to(tl.bfloat16)")
 RESIDUAL_OFF = _elementwise_kernel(["x", "y"], "x + 0.02", "torch.bfloat16", "out.to(tl.bfloat16)")
+# Twice the reference's own distance from the exact value, on its other side (the exact value is x):
+# within a slack as wide on either side of the reference, outside the stretch to the exact value.
+RESIDUAL_MIRRORED = _elementwise_kernel(
+    ["x", "y"], "2.0 * ((x + y).to(tl.bfloat16).to(tl.float32) - y).to(tl.bfloat16).to(tl.float32) - x",
+    "torch.bfloat16", "out.to(tl.bfloat16)")
+# The reference off by over 1% in norm: the relative-error check measures from the exact value too.
+RESIDUAL_BF16_WIDE = RESIDUAL_BF16.replace("4 * torch.randn", "8 * torch.randn")
+EXPM1_BF16 = RESIDUAL_BF16.replace("return (x + y) - y", "return torch.exp(x) - 1.0").replace(
+    "return [torch.randn(batch_size, dim, dtype=torch.bfloat16), 4 * torch.randn(batch_size, dim, dtype=torch.bfloat16)]",
+    "return [torch.randn(batch_size, dim, dtype=torch.bfloat16)]").replace("def forward(self, x, y):", "def forward(self, x):")
+EXPM1_IN_FP32 = _elementwise_kernel(["x"], "tl.exp(x) - 1.0", "torch.bfloat16", "out.to(tl.bfloat16)")
+EXPM1_OFF = _elementwise_kernel(["x"], "tl.exp(x) - 1.02", "torch.bfloat16", "out.to(tl.bfloat16)")
+# fp16 steps before an fp32 output: judged at fp32's tolerance, measured from the exact value too.
+FP16_INTO_FP32 = _fp16_problem("x, y", "torch.sigmoid(x * y + x).float()")
+FP16_INTO_FP32_IN_FP32 = _elementwise_kernel(["x", "y"], "tl.sigmoid(x * y + x)", "torch.float32")
+FP16_INTO_FP32_OFF = _elementwise_kernel(["x", "y"], "tl.sigmoid(x * y + x * 1.01)", "torch.float32")
 
 
 @pytest.fixture(scope="module")
@@ -322,19 +338,25 @@ def verdicts(verify_device, verify_isolation):
              "bool_in_fp32": (BOOL_COMPARISON, BOOL_IN_FP32), "bool_shifted": (BOOL_COMPARISON, BOOL_SHIFTED),
              "product_in_fp32": (PRODUCT, PRODUCT_IN_FP32), "product_off": (PRODUCT, PRODUCT_OFF),
              "floor_in_fp32": (FLOOR_TO_LONG, FLOOR_IN_FP32), "floor_off": (FLOOR_TO_LONG, FLOOR_OFF),
-             "residual_in_fp32": (RESIDUAL_BF16, RESIDUAL_IN_FP32), "residual_off": (RESIDUAL_BF16, RESIDUAL_OFF)}
+             "residual_in_fp32": (RESIDUAL_BF16, RESIDUAL_IN_FP32), "residual_off": (RESIDUAL_BF16, RESIDUAL_OFF),
+             "residual_mirrored": (RESIDUAL_BF16, RESIDUAL_MIRRORED),
+             "wide_residual_in_fp32": (RESIDUAL_BF16_WIDE, RESIDUAL_IN_FP32),
+             "expm1_in_fp32": (EXPM1_BF16, EXPM1_IN_FP32), "expm1_off": (EXPM1_BF16, EXPM1_OFF),
+             "fp16_into_fp32_in_fp32": (FP16_INTO_FP32, FP16_INTO_FP32_IN_FP32),
+             "fp16_into_fp32_off": (FP16_INTO_FP32, FP16_INTO_FP32_OFF)}
     return judge_cases(cases, verify_device, verify_isolation, multi_input_num_tests=3)
 
 
 @pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32", "bool_in_fp32", "product_in_fp32", "floor_in_fp32",
-                                  "residual_in_fp32"])
+                                  "residual_in_fp32", "wide_residual_in_fp32", "expm1_in_fp32",
+                                  "fp16_into_fp32_in_fp32"])
 def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, verify_device, name):
     result = verdicts[name]
     assert result.correct and result.stage == ("full" if verify_device == "cpu" else "timing"), result.error
 
 
 @pytest.mark.parametrize("name", ["branch_shifted", "bf16_shifted", "bool_shifted", "product_off", "floor_off",
-                                  "residual_off"])
+                                  "residual_off", "residual_mirrored", "expm1_off", "fp16_into_fp32_off"])
 def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", (name, result.error)
@@ -359,17 +381,91 @@ def test_a_timed_calls_disagreement_at_the_references_rounding_goes_to_the_paren
     assert disagreeing_elements(as_fp32, reference.float(), VerifierConfig()) is None
 
 
-def test_the_rounding_slack_covers_the_references_distance_in_its_own_dtype():
-    """The slack is stored beside the set in the output's dtype (half of fp32 beside a large bf16
-    output); rounded to it, it must still cover the reference's distance from its fp64 run."""
-    from extensions.verify.reference.tolerances import reference_rounding
+def test_the_step_to_the_exact_value_covers_the_references_distance_in_its_own_dtype():
+    """The step is stored beside the set in the output's dtype (half of fp32 beside a large bf16
+    output); rounded to it, it must still reach the exact value from the reference, on its side."""
+    from extensions.verify.reference.tolerances import toward_exact
 
     torch.manual_seed(1)
     for dtype in (torch.bfloat16, torch.float16):
         x, y = torch.randn(4096, dtype=dtype), 4 * torch.randn(4096, dtype=dtype)
         reference, exact = (x + y) - y, (x.double() + y.double()) - y.double()
-        slack = reference_rounding(reference, exact, 1e-2, 1e-2)
-        assert slack is not None and slack.dtype == dtype
-        assert bool((slack.double() >= (reference.double() - exact).abs()).all())
+        step = toward_exact(reference, exact, 1e-2, 1e-2)
+        assert step is not None and step.dtype == dtype
+        needed = exact - reference.double()
+        assert bool((step.double() * needed.sign() >= needed.abs()).all())
+        assert bool(((step.double() * needed) >= 0).all())
     same = torch.randn(4096, dtype=torch.bfloat16)
-    assert reference_rounding(same, same.double(), 1e-2, 1e-2) is None  # an exact reference: no slack
+    assert toward_exact(same, same.double(), 1e-2, 1e-2) is None  # an exact reference: no step
+
+
+def test_the_comparison_measures_from_the_stretch_between_reference_and_exact_value():
+    """Element-wise and in the relative norm: an answer between the reference and the exact
+    value is no error, one on the reference's other side is measured from the reference."""
+    from extensions.verify.reference.tolerances import toward_exact
+
+    torch.manual_seed(2)
+    x, y = torch.randn(16, 512, dtype=torch.bfloat16), 8 * torch.randn(16, 512, dtype=torch.bfloat16)
+    reference, exact = (x + y) - y, x.double()
+    step = toward_exact(reference, exact, 1e-2, 1e-2)
+    config = VerifierConfig()
+    assert compare_outputs(x, reference, config) is not None  # the exact answer, without the step
+    assert compare_outputs(x, reference, config, toward=step) is None
+    halfway = ((reference.double() + exact) / 2).to(torch.bfloat16)
+    assert compare_outputs(halfway, reference, config, toward=step) is None
+    mirrored = (2 * reference.double() - exact).to(torch.bfloat16)
+    mismatch = compare_outputs(mirrored, reference, config, toward=step)
+    assert mismatch is not None and mismatch.reason == "values", mismatch
+    assert compare_outputs(torch.zeros_like(reference), reference, config, toward=step) is not None
+
+
+def test_a_timed_call_nearer_the_exact_value_is_judged_whole_by_the_parent():
+    """On a GPU the timer checks timed calls against the eager bf16 reference run beside the
+    candidate, which knows nothing of the exact value. A kernel keeping fp32 between steps
+    disagrees with it at more elements than are localised on a large output, and by more than 1%
+    in norm where the reference cancels: such an output goes to the parent whole, once per set
+    while it repeats, and the parent judges it as it judged the set."""
+    from types import SimpleNamespace
+
+    from extensions.timing import measure_speedup
+    from extensions.verify.common.compare import disagreeing_elements
+    from extensions.verify.common.tensor_io import pack
+    from extensions.verify.parent.candidate_run import CandidateRun
+    from extensions.verify.reference.tolerances import toward_exact
+
+    class Reference(torch.nn.Module):
+        def forward(self, a, b):
+            return (a + b) - b
+
+    class Accurate(torch.nn.Module):
+        def forward(self, a, b):
+            return ((a.float() + b.float()) - b.float()).to(torch.bfloat16)
+
+    torch.manual_seed(3)
+    x, y = torch.randn(512, 512, dtype=torch.bfloat16), 8 * torch.randn(512, 512, dtype=torch.bfloat16)
+    reference = Reference()(x, y)
+    config = VerifierConfig(timing_mode="counts", timing_num_warmup=1, timing_num_trials=8, timing_max_remeasure=0,
+                            timing_output_checks=8, timing_bootstrap_samples=50)
+    assert disagreeing_elements(Accurate()(x, y), reference, config) is None  # too wide to localise
+    sets = [[x.clone(), y.clone()] for _ in range(2)]
+    report = measure_speedup(Reference(), Accurate(), sets, config, compare_outputs=compare_outputs,
+                             localise_outputs=disagreeing_elements)
+    assert "output_mismatch_during_timing" not in report.flags, report.flags
+    assert 1 <= len(report.whole_mismatches) <= len(sets)
+
+    atol, rtol = tolerances("bfloat16", config)
+    expected_tensors: dict = {}
+    chosen = {"expected": pack(reference, "s0.out", expected_tensors), "atol_scale": 1.0,
+              "toward": pack(toward_exact(reference, x.double(), atol, rtol), "s0.toward", expected_tensors)}
+    run = SimpleNamespace(prepared=SimpleNamespace(sets=[chosen], expected=expected_tensors), config=config)
+
+    def judged(outputs) -> bool:
+        tensors: dict = {}
+        entries = [{"set": 0, "output": pack(output, f"whole{n}", tensors)} for n, output in enumerate(outputs)]
+        return CandidateRun._whole_outputs_right(run, entries, tensors)
+
+    assert judged([output for _, output in report.whole_mismatches])
+    assert not judged([(2 * reference.double() - x.double()).to(torch.bfloat16)])  # beyond the reference
+    assert not judged([torch.zeros_like(reference)])
+    assert not judged([reference.float()])  # another dtype
+

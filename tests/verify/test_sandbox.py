@@ -212,7 +212,8 @@ def test_memory_cap_allows_one_set_not_the_whole_batch_of_sets():
     config = VerifierConfig(memory_limit_mb=3072)
     assert _memory_limit_mb(config, prepared(3), timing=False) == 3072 + 6  # one set's 2 MiB, three times
     assert _memory_limit_mb(config, prepared(30), timing=False) == 3072 + 6
-    assert _memory_limit_mb(config, prepared(30), timing=True) == 3072 + 6 + 2  # the two timing sets' inputs
+    # The two timing sets' inputs, and up to two of each one's timed outputs kept for the parent.
+    assert _memory_limit_mb(config, prepared(30), timing=True) == 3072 + 6 + 2 + 4
     assert _memory_limit_mb(config, prepared(3, model_bytes=100 << 20), timing=False) == 3072 + 6 + 200
     assert _memory_limit_mb(VerifierConfig(memory_limit_mb=0), prepared(3), timing=False) == 0
 

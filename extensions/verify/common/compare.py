@@ -17,6 +17,12 @@ Checks, per output tensor (tuples are compared element-wise):
   where the problem accumulates (a GEMM, a convolution, a sum): a few fp32 roundings of the sum
   of each output's terms' magnitudes, which another correct order of summation may differ by
   where those terms cancel (``reference.tolerances.ROUNDING_SLACK``);
+* ``toward``: on an output computed in fp16/bf16 by a problem without step functions, the signed step from each
+  reference element to the fp64 model's value there (``reference.tolerances.toward_exact``): the
+  eager forward rounds every step to the low precision, and a kernel that keeps fp32 between
+  steps is nearer the exact value. The candidate is measured from the stretch between the two,
+  element-wise and in the relative-norm check alike; one beyond the reference on the other side
+  is measured from the reference as before;
 * ``ambiguous``: where the problem runs a step function (floor, round, sign, a comparison, argmax),
   the few output elements the reference itself cannot decide (``reference.ambiguity``), each with
   the values the reference gave there in fp32, in fp64 and on inputs perturbed by ~1e-6..1e-5; at
@@ -71,7 +77,7 @@ def localised_bound(numel: int, dtype=None) -> int:
     put to the parent (``disagreeing_elements``), per output of ``numel`` elements. The reference's
     ambiguous elements, and on an fp16/bf16 output also its own rounding: the eager reference is
     off the exact value at a share of elements where a kernel keeping fp32 is not, and only the
-    parent knows that per-element slack (``tolerances.reference_rounding``). Bounded by
+    parent knows the exact values (``tolerances.toward_exact``). Bounded by
     ``AMBIGUOUS_MAX`` (what crosses back); the parent judges every such element."""
     bound = ambiguous_bound(numel)
     if str(dtype).replace("torch.", "") in LOW_PRECISION:
@@ -102,9 +108,11 @@ def _describe(value: Any) -> str:
 
 
 def compare_outputs(candidate: Any, reference: Any, config, where: str = "output",
-                    atol_scale: float = 1.0, slack: Any = None, ambiguous: Any = None) -> Optional[Mismatch]:
+                    atol_scale: float = 1.0, slack: Any = None, ambiguous: Any = None,
+                    toward: Any = None) -> Optional[Mismatch]:
     """None when ``candidate`` matches ``reference``; else the first mismatch, in one line.
     ``slack``: None, or per-element tolerance shaped as ``reference`` (tensors where it has them).
+    ``toward``: None, or the per-element step to the exact value, shaped as ``reference``.
     ``ambiguous``: None, or shaped as ``reference`` with a pair (flat indices, alternatives
     ``[n, k]``) or None where it has a tensor (``reference.ambiguity``)."""
     import torch
@@ -115,7 +123,8 @@ def compare_outputs(candidate: Any, reference: Any, config, where: str = "output
         if ambiguous is not None and tuple(candidate.shape) == tuple(reference.shape):
             reference = with_nearest_alternatives(candidate, reference, ambiguous)
         return _compare_tensor(candidate, reference, config, where, atol_scale,
-                               slack if isinstance(slack, torch.Tensor) else None)
+                               slack if isinstance(slack, torch.Tensor) else None,
+                               toward if isinstance(toward, torch.Tensor) else None)
     if isinstance(reference, (list, tuple)):
         # A single-element tuple and a bare tensor are the same answer to most callers, but not
         # to the contract: the structure must match exactly.
@@ -124,8 +133,9 @@ def compare_outputs(candidate: Any, reference: Any, config, where: str = "output
         slacks = slack if isinstance(slack, (list, tuple)) and len(slack) == len(reference) else [None] * len(reference)
         ambiguities = (ambiguous if isinstance(ambiguous, (list, tuple)) and len(ambiguous) == len(reference)
                        else [None] * len(reference))
-        for i, (c, r, s, a) in enumerate(zip(candidate, reference, slacks, ambiguities)):
-            mismatch = compare_outputs(c, r, config, f"{where}[{i}]", atol_scale, s, a)
+        towards = toward if isinstance(toward, (list, tuple)) and len(toward) == len(reference) else [None] * len(reference)
+        for i, (c, r, s, a, t) in enumerate(zip(candidate, reference, slacks, ambiguities, towards)):
+            mismatch = compare_outputs(c, r, config, f"{where}[{i}]", atol_scale, s, a, t)
             if mismatch:
                 return mismatch
         return None
@@ -166,7 +176,8 @@ def with_nearest_alternatives(out, ref, ambiguous):
     return adjusted.reshape(ref.shape)
 
 
-def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0, slack=None) -> Optional[Mismatch]:
+def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0, slack=None,
+                    toward=None) -> Optional[Mismatch]:
     import torch
 
     if tuple(out.shape) != tuple(ref.shape):
@@ -186,16 +197,20 @@ def _compare_tensor(out, ref, config, where: str, atol_scale: float = 1.0, slack
     atol *= max(1.0, atol_scale)
     if slack is not None and slack.shape != ref.shape:
         slack = None
+    if toward is not None and (toward.shape != ref.shape or not toward.is_floating_point()):
+        toward = None
     totals = _float_totals(out.reshape(-1), ref.reshape(-1), atol, rtol,
-                           None if slack is None else slack.reshape(-1))
+                           None if slack is None else slack.reshape(-1),
+                           None if toward is None else toward.reshape(-1))
     if not totals.same_non_finite:
         bad = totals.non_finite_where_finite
         return Mismatch("nan_or_inf", f"{where}: {bad} NaN/Inf values where the reference is finite"
                         if bad else f"{where}: NaN/Inf pattern differs from the reference")
     if totals.outside:
+        widened = "".join(part for part, used in ((" + slack", slack), (" of the stretch to the exact value", toward))
+                          if used is not None)
         return Mismatch("values", f"{where}: {totals.outside} of {totals.compared} values outside atol={atol:g} "
-                                  f"rtol={rtol:g}{' + slack' if slack is not None else ''} "
-                                  f"(max abs diff {totals.max_diff:.3g})")
+                                  f"rtol={rtol:g}{widened} (max abs diff {totals.max_diff:.3g})")
     ref_norm = math.sqrt(totals.ref_sq)
     if ref_norm > config.min_reference_norm:
         rel = math.sqrt(totals.diff_sq) / ref_norm
@@ -264,36 +279,49 @@ class _FloatTotals:
     out_sq: float = 0.0
 
 
-def _float_totals(out, ref, atol: float, rtol: float, slack=None) -> _FloatTotals:
-    """Every figure the float comparison needs, in one pass of float64 slices."""
+def _float_totals(out, ref, atol: float, rtol: float, slack=None, toward=None) -> _FloatTotals:
+    """Every figure the float comparison needs, in one pass of float64 slices. A difference is the
+    distance from the reference, or with ``toward`` from the stretch between the reference and
+    the exact value. Each slice's figures are read back together, one wait for the device."""
     import torch
 
     totals = _FloatTotals()
     for start in range(0, out.numel(), _CHUNK):
         o = out[start:start + _CHUNK].double()
         r = ref[start:start + _CHUNK].double()
-        extra = None if slack is None else slack[start:start + _CHUNK].double().abs()
-        o_finite, r_finite = torch.isfinite(o), torch.isfinite(r)
-        r_all_finite = bool(r_finite.all())
-        if not (bool(o_finite.all()) and r_all_finite):
-            if not (torch.equal(torch.isnan(o), torch.isnan(r))
-                    and torch.equal(torch.isposinf(o), torch.isposinf(r))
-                    and torch.equal(torch.isneginf(o), torch.isneginf(r))):
-                totals.same_non_finite = False
-            totals.non_finite_where_finite += int((~o_finite & r_finite).sum())
-        if not r_all_finite:
-            o, r = o[r_finite], r[r_finite]
-            extra = None if extra is None else extra[r_finite]
-        if o.numel() == 0:
+        r_finite = torch.isfinite(r)
+        pattern_differs = ((torch.isnan(o) != torch.isnan(r)) | (torch.isposinf(o) != torch.isposinf(r))
+                           | (torch.isneginf(o) != torch.isneginf(r)))
+        # Compared where the reference is finite; elsewhere both sides count as zero.
+        o_c = torch.where(r_finite, o, 0.0)
+        r_c = torch.where(r_finite, r, 0.0)
+        if toward is None:
+            diff = (o_c - r_c).abs()
+        else:
+            step = torch.where(r_finite, toward[start:start + _CHUNK].double(), 0.0).nan_to_num_(0.0, 0.0, 0.0)
+            diff = torch.maximum(torch.minimum(r_c, r_c + step) - o_c, o_c - torch.maximum(r_c, r_c + step)).clamp_(min=0.0)
+        bound = atol + rtol * r_c.abs()
+        if slack is not None:
+            bound = bound + torch.where(r_finite, slack[start:start + _CHUNK].double().abs(), 0.0)
+        figures = torch.stack([
+            pattern_differs.any().double(),
+            (torch.isfinite(o).logical_not() & r_finite).sum().double(),
+            r_finite.sum().double(),
+            ((diff > bound) & r_finite).sum().double(),
+            diff.max().nan_to_num(nan=float("inf"), posinf=float("inf")) if diff.numel() else diff.new_zeros(()),
+            torch.dot(diff, diff), torch.dot(r_c, r_c), torch.dot(o_c, o_c),
+        ]).tolist()
+        differs, non_finite_where_finite, compared, outside, max_diff, diff_sq, ref_sq, out_sq = figures
+        totals.same_non_finite = totals.same_non_finite and not differs
+        totals.non_finite_where_finite += int(non_finite_where_finite)
+        if not compared:
             continue
-        diff = (o - r).abs()
-        totals.compared += o.numel()
-        bound = atol + rtol * r.abs()
-        totals.outside += int((diff > (bound if extra is None else bound + extra)).sum())
-        totals.max_diff = max(totals.max_diff, float(diff.max()))
-        totals.diff_sq += float(torch.dot(diff, diff))
-        totals.ref_sq += float(torch.dot(r, r))
-        totals.out_sq += float(torch.dot(o, o))
+        totals.compared += int(compared)
+        totals.outside += int(outside)
+        totals.max_diff = max(totals.max_diff, max_diff)
+        totals.diff_sq += diff_sq
+        totals.ref_sq += ref_sq
+        totals.out_sq += out_sq
     return totals
 
 

@@ -19,7 +19,7 @@ import weakref
 from concurrent.futures import Future
 from typing import Any, Optional
 
-from extensions.timing.schedule import LOCALISED_MAX
+from extensions.timing.schedule import LOCALISED_MAX, WHOLE_PER_SET
 from extensions.timing.tensors import flatten_tensors, with_elements
 
 from ..common.compare import compare_outputs, inputs_unchanged, localised_bound
@@ -41,7 +41,8 @@ def _memory_limit_mb(config, prepared: PreparedProblem, timing: bool) -> int:
     """The candidate's cap: ``memory_limit_mb`` plus what the worker itself holds on the host for
     this problem: one set at a time, its inputs and outputs three times over (the handed file, the
     inputs read back after forward, the outputs and, on CUDA, the second run's), the timing sets'
-    inputs, and the reference's and the candidate's parameters (built on the host, then moved).
+    inputs and the timed outputs the timer may keep for the parent (``WHOLE_PER_SET`` per set),
+    and the reference's and the candidate's parameters (built on the host, then moved).
     Not every set at once: a candidate allocating 6 GB on the host passed on CUDA when the cap
     grew with the whole batch of sets."""
     base = int(getattr(config, "memory_limit_mb", 0))
@@ -49,7 +50,11 @@ def _memory_limit_mb(config, prepared: PreparedProblem, timing: bool) -> int:
         return 0
     largest = max((_spec_bytes(s["inputs"], prepared.inputs) + _spec_bytes(s["expected"], prepared.expected)
                    for s in prepared.sets), default=0)
-    timed = sum(_spec_bytes(spec, prepared.inputs) for spec in _timing_inputs(prepared)[1]) if timing else 0
+    timed = 0
+    if timing:
+        indices, specs = _timing_inputs(prepared)
+        timed = (sum(_spec_bytes(spec, prepared.inputs) for spec in specs)
+                 + WHOLE_PER_SET * sum(_spec_bytes(prepared.sets[i]["expected"], prepared.expected) for i in indices))
     return base + ((3 * largest + timed + 2 * prepared.model_bytes) >> 20)
 
 
@@ -64,6 +69,11 @@ def _bytes_of(tensors: dict) -> int:
 def _slack(set_info: dict, expected: dict) -> Any:
     """The set's per-element rounding slack (``reference_worker``), or None where it has none."""
     return unpack(set_info["slack"], expected) if "slack" in set_info else None
+
+
+def _toward(set_info: dict, expected: dict) -> Any:
+    """The set's per-element step to the exact value (``tolerances.toward_exact``), or None."""
+    return unpack(set_info["toward"], expected) if "toward" in set_info else None
 
 
 def _ambiguous(set_info: dict, expected: dict) -> Any:
@@ -253,8 +263,27 @@ class CandidateRun:
             except (TensorIOError, KeyError, IndexError, TypeError, ValueError):
                 return False
             if compare_outputs(rebuilt, expected, self.config, atol_scale=timed_set.get("atol_scale", 1.0),
-                               slack=_slack(timed_set, expected_tensors),
+                               slack=_slack(timed_set, expected_tensors), toward=_toward(timed_set, expected_tensors),
                                ambiguous=_ambiguous(timed_set, expected_tensors)) is not None:
+                return False
+        return True
+
+    def _whole_outputs_right(self, whole: list, tensors: dict) -> bool:
+        """Whether each timed call's output that the worker found off the reference run beside it
+        beyond a few elements is right by the set's verified answer, judged as the set was."""
+        if not isinstance(whole, list) or len(whole) > WHOLE_PER_SET * len(self.prepared.sets):
+            return False
+        for entry in whole:
+            try:
+                timed_set = self.prepared.sets[int(entry["set"])]
+                expected = unpack(timed_set["expected"], self.prepared.expected)
+                output = unpack(entry["output"], tensors)
+            except (TensorIOError, KeyError, IndexError, TypeError, ValueError):
+                return False
+            if compare_outputs(output, expected, self.config, atol_scale=timed_set.get("atol_scale", 1.0),
+                               slack=_slack(timed_set, self.prepared.expected),
+                               toward=_toward(timed_set, self.prepared.expected),
+                               ambiguous=_ambiguous(timed_set, self.prepared.expected)) is not None:
                 return False
         return True
 
@@ -312,9 +341,10 @@ class CandidateRun:
             return False
         expected = unpack(set_info["expected"], self.prepared.expected)
         slack = _slack(set_info, self.prepared.expected)
+        toward = _toward(set_info, self.prepared.expected)
         ambiguous = _ambiguous(set_info, self.prepared.expected)
         mismatch = compare_outputs(output, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack,
-                                   ambiguous=ambiguous)
+                                   ambiguous=ambiguous, toward=toward)
         if mismatch is not None:
             tf32 = mismatch.reason == "values" and self._dots_at_tf32(expected)
             fail(result, label, "mismatch", (TF32_HINT if tf32 else "") + mismatch.message)
@@ -327,7 +357,7 @@ class CandidateRun:
                 fail(result, label, "bad_output", f"unreadable second output ({type(exc).__name__})")
                 return False
             mismatch = compare_outputs(again, expected, cfg, atol_scale=set_info.get("atol_scale", 1.0), slack=slack,
-                                       ambiguous=ambiguous)
+                                       ambiguous=ambiguous, toward=toward)
             if mismatch is not None:
                 fail(result, label, "mismatch", f"a second run on the same inputs differs ({mismatch.message}); "
                      "uninitialised memory or a race?")
@@ -379,8 +409,9 @@ class CandidateRun:
         add_flags(result, report.get("flags"))
         speedup = report.get("speedup")
         localised = status.get("localised") or []
+        whole = status.get("whole") or []
         tensors = None
-        if "last_output" in status or localised:
+        if "last_output" in status or localised or whole:
             try:
                 tensors = load_tensors(self.proc.path("timing.safetensors"),
                                        max_bytes=4 * _bytes_of(self.prepared.expected) + (1 << 20))
@@ -395,13 +426,15 @@ class CandidateRun:
                 expected = unpack(timed_set["expected"], self.prepared.expected)
                 if compare_outputs(last, expected, cfg, atol_scale=timed_set.get("atol_scale", 1.0),
                                    slack=_slack(timed_set, self.prepared.expected),
+                                   toward=_toward(timed_set, self.prepared.expected),
                                    ambiguous=_ambiguous(timed_set, self.prepared.expected)) is not None:
                     add_flags(result, ["memoized_output"])
                     fail(result, "timing", "mismatch", "the last timed call's output does not match the reference")
             except (TensorIOError, KeyError, IndexError, OSError, ValueError) as exc:
                 add_flags(result, ["memoized_output"])
                 fail(result, "timing", "bad_output", f"last output unreadable ({type(exc).__name__})")
-        if localised and tensors is not None and not self._localised_mismatches_explained(localised, tensors):
+        if ((localised and tensors is not None and not self._localised_mismatches_explained(localised, tensors))
+                or (whole and tensors is not None and not self._whole_outputs_right(whole, tensors))):
             add_flags(result, ["output_mismatch_during_timing"])
             fail(result, "timing", "mismatch",
                  "a timed call's output differs from the reference where the reference is not in doubt")

@@ -21,8 +21,8 @@ from ..common.problem_constants import (find_scalar_constants, find_size_constan
 from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_numel, meta_numel, numel_of, shrink_to_cap
 from ..common.tensor_io import own_copies, own_copy, pack
 from .ambiguity import ambiguous_outputs, outputs_off_the_function, step_watch, steps_decided_coarsely
-from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK, add_slacks,
-                         all_finite, capped_slack, like, reference_rounding, rms, same_non_finite, scaled_tolerances)
+from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK,
+                         all_finite, capped_slack, like, rms, same_non_finite, scaled_tolerances, toward_exact)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_storages,
                          in_drawn_structure, integer_operand, integer_transform, is_plain_int, transform_integers,
                          transform_tensors, value_transforms, varied_input_scalar, with_negative_lines, with_offset,
@@ -339,10 +339,11 @@ class ReferenceBuilder:
             self.skip(name, f"reference failed ({type(exc).__name__}: {str(exc)[:100]})")
             self.refused.add(name)
             return False
-        if finite and not all_finite(out):
+        out_finite = all_finite(out)
+        if finite and not out_finite:
             self.skip(name, "reference output not finite")
             return False
-        if not all_finite(out) and kind != "base":
+        if not out_finite and kind != "base":
             why = self._overflowed(init_index, inputs, out, drawn if transform is not None else None)
             if why:
                 self.skip(name, f"reference output not finite ({why})")
@@ -380,11 +381,11 @@ class ReferenceBuilder:
                 self.skip(name, why)
                 return False
         # After the exactness check: that check asks how far the reference is off its fp64 run.
-        slack = self._with_reference_rounding(init_index, inputs, out, atol_scale, slack)
+        toward = self._toward_exact(init_index, inputs, out, atol_scale)
         if kind == "base":
             self.base_undecided = undecided
             self.base_output_rms, self.base_input_rms = rms(out), rms(inputs)
-            self.base_finite = all_finite(out)
+            self.base_finite = out_finite
             self.float_inputs = any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in inputs)
             self.fp16_inputs = any(isinstance(v, torch.Tensor) and v.dtype == torch.float16 for v in inputs)
             self.integers_of_coarse_steps = (steps_decided_coarsely(self.step_dtypes.get(init_index), inputs)
@@ -398,6 +399,8 @@ class ReferenceBuilder:
         })
         if slack is not None:
             self.sets[-1]["slack"] = pack(slack, f"s{index}.slack", self.expected)
+        if toward is not None:
+            self.sets[-1]["toward"] = pack(toward, f"s{index}.toward", self.expected)
         if ambiguous is not None:
             self.sets[-1]["ambiguous"] = pack(ambiguous, f"s{index}.ambiguous", self.expected)
         return True
@@ -863,36 +866,39 @@ class ReferenceBuilder:
         slack = map_tensors(out, slack_of)
         return slack if flatten_tensors(slack) else None
 
-    def _with_reference_rounding(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any) -> Any:
-        """``slack`` plus, on each fp16/bf16 output, the reference's own distance from its fp64 run
-        (``tolerances.reference_rounding``). Not where the model runs a step function: there an
-        element the fp64 run decides otherwise is marked ambiguous, with both answers, instead. No
-        change where the model cannot run in fp64."""
+    def _toward_exact(self, init_index: int, inputs: list, out: Any, atol_scale: float) -> Any:
+        """Per floating-point output of a set that computes in fp16/bf16 (an output or an input
+        in that precision: ``sigmoid(x * y).float()`` rounds each step to fp16 before its fp32
+        output), the signed step from the reference to its fp64 run (``tolerances.toward_exact``);
+        None where there is none worth keeping. Not where the model runs a step function: there
+        an element the fp64 run decides otherwise is marked ambiguous, with both answers,
+        instead; nor where the model cannot run in fp64."""
         import torch
 
         from ..common.compare import tolerances
 
         low = (torch.float16, torch.bfloat16)
         outputs = flatten_tensors(out)
-        if self.steps.get(init_index) or not any(t.dtype in low for t in outputs):
-            return slack
+        low_inputs = any(isinstance(t, torch.Tensor) and t.dtype in low for t in flatten_tensors(inputs))
+        if self.steps.get(init_index) or not (low_inputs or any(t.dtype in low for t in outputs)):
+            return None
         try:
             exact = flatten_tensors(self._fp64(init_index, inputs))
         except Exception:  # noqa: BLE001 - an op without fp64: the tolerance alone, as before
-            return slack
+            return None
         if len(exact) != len(outputs):
-            return slack
+            return None
         pieces = iter(exact)
 
-        def rounding_of(o):
+        def step_of(o):
             wide = next(pieces)
-            if o.dtype not in low or wide.shape != o.shape:
+            if not o.is_floating_point() or wide.shape != o.shape:
                 return None
             atol, rtol = tolerances(str(o.dtype).rsplit(".", 1)[-1], self.judging)
-            return reference_rounding(o, wide, atol * atol_scale, rtol)
+            return toward_exact(o, wide, atol * atol_scale, rtol)
 
-        combined = add_slacks(slack, map_tensors(out, rounding_of))
-        return combined if flatten_tensors(combined) else None
+        toward = map_tensors(out, step_of)
+        return toward if flatten_tensors(toward) else None
 
     def _ambiguous_elements(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any,
                             index: int) -> tuple[Any, int]:

@@ -75,37 +75,28 @@ def capped_slack(magnitudes, out, share: float, atol: float, rtol: float):
     return None if negligible else terms
 
 
-def reference_rounding(out, exact, atol: float, rtol: float):
-    """Per element of a low-precision (fp16/bf16) output ``out``: its distance from ``exact`` (the
-    fp64 model on the same inputs), at least, in ``out``'s dtype; None where that stays ``NEGLIGIBLE_SLACK`` of the
-    tolerance ``atol`` + ``rtol`` |out| everywhere. The eager forward rounds every step to the low
-    precision, and where a step's larger intermediate cancels (``(x + y) - y``, a residual added and
-    taken away) the reference is several of the output's ulps off; a kernel that keeps fp32 between
-    steps, as torch inductor's do, is nearer the exact value by as much."""
+def toward_exact(out, exact, atol: float, rtol: float):
+    """Per element of an output ``out`` computed in low precision (fp16/bf16): the signed step from it to
+    ``exact`` (the fp64 model on the same inputs), at least as long, in ``out``'s dtype; None where
+    that stays ``NEGLIGIBLE_SLACK`` of the tolerance ``atol`` + ``rtol`` |out| everywhere. The
+    eager forward rounds every step to the low precision, and where a step's larger intermediate
+    cancels (``(x + y) - y``, ``exp(x) - 1``) the reference is several of the output's ulps off; a
+    kernel that keeps fp32 between steps, as torch inductor's do, is nearer the exact value by as
+    much. The comparison then measures a candidate from the stretch between the reference and
+    the exact value (``compare``): a kernel on the far side of the reference gains nothing."""
     import torch
 
-    error = (out.detach().double() - exact.detach().to(out.device, torch.float64)).abs_()
-    error = error.nan_to_num_(nan=0.0, posinf=0.0).float()
+    step = exact.detach().to(out.device, torch.float64) - out.detach().double()
+    step = step.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).float()
     sizes = out.detach().abs().float().nan_to_num_(nan=0.0, posinf=0.0)
     floor = sizes.mul_(rtol * NEGLIGIBLE_SLACK).add_(atol * NEGLIGIBLE_SLACK)
-    if bool(torch.le(error, floor).all()):
+    if bool(torch.le(step.abs(), floor).all()):
         return None
-    # Kept in the output's own dtype (half what fp32 would store beside a large output), rounded
-    # up: to nearest moves a value by at most 2^-9 of it (bf16), so a 2^-7 margin never shrinks it
+    # Kept in the output's own dtype (half what fp32 would store beside a large output), lengthened:
+    # to nearest moves a value by at most 2^-9 of it (bf16), so a 2^-7 margin never shortens it
     # (except below fp16's smallest subnormal, 6e-8, far under any tolerance).
     largest = torch.finfo(out.dtype).max
-    return error.mul_(1 + 2 ** -7).clamp_(max=largest).to(out.dtype)
-
-
-def add_slacks(a: Any, b: Any) -> Any:
-    """Two per-element slacks of one nested output added (None: no slack there)."""
-    import torch
-
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a + b
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return type(a)(add_slacks(x, y) for x, y in zip(a, b))
-    return b if a is None else a
+    return step.mul_(1 + 2 ** -7).clamp_(min=-largest, max=largest).to(out.dtype)
 
 
 def all_finite(value: Any) -> bool:

@@ -358,6 +358,10 @@ def run_timing(job: dict, models: "Models", device: str, hashes: list[str], back
         # unsure, accepts them there alone.
         result["localised"] = [{"set": indices[int(index)], "places": pack(finding, f"localised{n}", out_tensors)}
                                for n, (index, finding) in enumerate(report.localised_mismatches)]
+        # Wider disagreements go whole, judged as the set was (the step toward the exact value
+        # of a low-precision reference, its slack, its ambiguous elements: the parent's alone).
+        result["whole"] = [{"set": indices[int(index)], "output": pack(output, f"whole{n}", out_tensors)}
+                           for n, (index, output) in enumerate(report.whole_mismatches)]
         if out_tensors:
             save_tensors("timing.safetensors", out_tensors)
         return result
