@@ -17,6 +17,15 @@ for _path in (PROJECT_ROOT, TESTS_DIR):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+# Under pytest-xdist (``-n 2``) each worker process has a temporary directory of its own, so that
+# what one worker's verifier leaves there (a sandbox's private root, a tampering candidate's
+# targets) is never another worker's business.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    tempfile.tempdir = tempfile.mkdtemp(prefix=f"kernel-rl-{os.environ['PYTEST_XDIST_WORKER']}-")
+    os.environ["TMPDIR"] = tempfile.tempdir
+
 KERNELBENCH_JSONL = Path(os.environ.get(
     "KERNELBENCH_JSONL", PROJECT_ROOT.parent / "shared" / "kernelbench" / "kernelbench_problems.jsonl"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import uuid
 
@@ -242,12 +243,13 @@ def sibling_batch(monkeypatch):
     monkeypatch.setattr(api, "_call_static_check",
                         lambda code, config: SimpleNamespace(ok=True, flags=[], errors=[]))
 
-    tamper = candidate(at_import="""
+    # Where the verifier puts its files: the temporary directory (one per test worker).
+    tamper = candidate(at_import=f"""
         import glob, os, time
         stolen = 0
         deadline = time.time() + 8
         while time.time() < deadline:
-            for pattern in ("/tmp/verify-*/**", "/sandbox/**"):
+            for pattern in ("{tempfile.gettempdir()}/verify-*/**", "/sandbox/**"):
                 for path in glob.glob(pattern, recursive=True):
                     if os.path.abspath(path).startswith(os.getcwd()):
                         continue
@@ -261,7 +263,7 @@ def sibling_batch(monkeypatch):
                     except OSError:
                         pass
             time.sleep(0.05)
-        raise RuntimeError(f"stolen={stolen}")
+        raise RuntimeError(f"stolen={{stolen}}")
     """)
 
     def run(isolation: str):
