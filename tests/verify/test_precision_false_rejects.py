@@ -329,6 +329,14 @@ EXPM1_OFF = _elementwise_kernel(["x"], "tl.exp(x) - 1.02", "torch.bfloat16", "ou
 FP16_INTO_FP32 = _fp16_problem("x, y", "torch.sigmoid(x * y + x).float()")
 FP16_INTO_FP32_IN_FP32 = _elementwise_kernel(["x", "y"], "tl.sigmoid(x * y + x)", "torch.float32")
 FP16_INTO_FP32_OFF = _elementwise_kernel(["x", "y"], "tl.sigmoid(x * y + x * 1.01)", "torch.float32")
+# A constant taken from the input's dtype: the fp64 run computes another function (x * y - 1e-13),
+# not the same one more exactly; the step toward it is cut to what rounding can move (a kernel
+# dropping the constant was accepted, in fp16 and as an fp32 output).
+FINFO_CONSTANT = _fp16_problem("x, y", "(x * y).float() - 512 * torch.finfo(x.dtype).eps")
+FINFO_CONSTANT_FP16 = _fp16_problem("x, y", "x * y - 512 * torch.finfo(x.dtype).eps")
+FINFO_DROPPED = _elementwise_kernel(["x", "y"], "x * y", "torch.float32")
+FINFO_DROPPED_FP16 = _elementwise_kernel(["x", "y"], "x * y", "torch.float16", "out.to(tl.float16)")
+FINFO_KEPT_FP16 = _elementwise_kernel(["x", "y"], "x * y - 0.5", "torch.float16", "out.to(tl.float16)")
 
 
 @pytest.fixture(scope="module")
@@ -343,20 +351,23 @@ def verdicts(verify_device, verify_isolation):
              "wide_residual_in_fp32": (RESIDUAL_BF16_WIDE, RESIDUAL_IN_FP32),
              "expm1_in_fp32": (EXPM1_BF16, EXPM1_IN_FP32), "expm1_off": (EXPM1_BF16, EXPM1_OFF),
              "fp16_into_fp32_in_fp32": (FP16_INTO_FP32, FP16_INTO_FP32_IN_FP32),
-             "fp16_into_fp32_off": (FP16_INTO_FP32, FP16_INTO_FP32_OFF)}
+             "fp16_into_fp32_off": (FP16_INTO_FP32, FP16_INTO_FP32_OFF),
+             "finfo_dropped": (FINFO_CONSTANT, FINFO_DROPPED), "finfo_dropped_fp16": (FINFO_CONSTANT_FP16, FINFO_DROPPED_FP16),
+             "finfo_kept_fp16": (FINFO_CONSTANT_FP16, FINFO_KEPT_FP16)}
     return judge_cases(cases, verify_device, verify_isolation, multi_input_num_tests=3)
 
 
 @pytest.mark.parametrize("name", ["branch_in_fp32", "bf16_in_fp32", "bool_in_fp32", "product_in_fp32", "floor_in_fp32",
                                   "residual_in_fp32", "wide_residual_in_fp32", "expm1_in_fp32",
-                                  "fp16_into_fp32_in_fp32"])
+                                  "fp16_into_fp32_in_fp32", "finfo_kept_fp16"])
 def test_correct_kernels_within_the_references_rounding_are_accepted(verdicts, verify_device, name):
     result = verdicts[name]
     assert result.correct and result.stage == ("full" if verify_device == "cpu" else "timing"), result.error
 
 
 @pytest.mark.parametrize("name", ["branch_shifted", "bf16_shifted", "bool_shifted", "product_off", "floor_off",
-                                  "residual_off", "residual_mirrored", "expm1_off", "fp16_into_fp32_off"])
+                                  "residual_off", "residual_mirrored", "expm1_off", "fp16_into_fp32_off",
+                                  "finfo_dropped", "finfo_dropped_fp16"])
 def test_wrong_kernels_of_the_same_problems_are_rejected(verdicts, name):
     result = verdicts[name]
     assert not result.correct and result.error_category == "mismatch", (name, result.error)

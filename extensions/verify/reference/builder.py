@@ -22,7 +22,8 @@ from ..common.problem_sizes import load_problem, meta_forward_runs, meta_input_n
 from ..common.tensor_io import own_copies, own_copy, pack
 from .ambiguity import ambiguous_outputs, outputs_off_the_function, step_watch, steps_decided_coarsely
 from .tolerances import (ACCUMULATING_OPS, EXACTNESS_MARGIN, OUTLIER_ROUNDING_SLACK, ROUNDING_SLACK,
-                         all_finite, capped_slack, like, rms, same_non_finite, scaled_tolerances, toward_exact)
+                         ROUNDING_UNITS, all_finite, capped_slack, like, rms, same_non_finite, scaled_tolerances,
+                         toward_exact)
 from .variations import (VALUE_VARIATIONS, WITH_ZEROS, between_elements, in_drawn_layouts, in_drawn_storages,
                          in_drawn_structure, integer_operand, integer_transform, is_plain_int, transform_integers,
                          transform_tensors, value_transforms, varied_input_scalar, with_negative_lines, with_offset,
@@ -884,9 +885,10 @@ class ReferenceBuilder:
             return None
         try:
             exact = flatten_tensors(self._fp64(init_index, inputs))
+            reach = self._rounding_reach(init_index, inputs)
         except Exception:  # noqa: BLE001 - an op without fp64: the tolerance alone, as before
             return None
-        if len(exact) != len(outputs):
+        if len(exact) != len(outputs) or not reach:
             return None
         pieces = iter(exact)
 
@@ -895,10 +897,43 @@ class ReferenceBuilder:
             if not o.is_floating_point() or wide.shape != o.shape:
                 return None
             atol, rtol = tolerances(str(o.dtype).rsplit(".", 1)[-1], self.judging)
-            return toward_exact(o, wide, atol * atol_scale, rtol)
+            return toward_exact(o, wide, atol * atol_scale, rtol, reach)
+
 
         toward = map_tensors(out, step_of)
         return toward if flatten_tensors(toward) else None
+
+    def _rounding_reach(self, init_index: int, inputs: list) -> float:
+        """How far the reference's rounding can move an output on ``inputs``: ``ROUNDING_UNITS``
+        of the coarsest low-precision eps at the largest finite magnitude among the inputs and
+        every floating-point value the forward computes (seen by a dispatch mode on a rerun of
+        the model, as a copy); 0 where it computes nothing in fp16/bf16."""
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        low = (torch.float16, torch.bfloat16)
+        largest: list = []
+        eps = [0.0]
+
+        def note(value) -> None:
+            for t in flatten_tensors(value if isinstance(value, (list, tuple)) else [value]):
+                if t.is_floating_point() and t.numel():
+                    if t.dtype in low:
+                        eps[0] = max(eps[0], torch.finfo(t.dtype).eps)
+                    largest.append(t.detach().abs().nan_to_num(nan=0.0, posinf=0.0).amax().float())
+
+        class Magnitudes(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                note(out)
+                return out
+
+        note(list(inputs))
+        with Magnitudes():
+            self._fp32_rerun(init_index, inputs)
+        if not eps[0] or not largest:
+            return 0.0
+        return ROUNDING_UNITS * eps[0] * float(torch.stack([v.to(largest[0].device) for v in largest]).max())
 
     def _ambiguous_elements(self, init_index: int, inputs: list, out: Any, atol_scale: float, slack: Any,
                             index: int) -> tuple[Any, int]:

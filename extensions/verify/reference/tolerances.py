@@ -44,6 +44,11 @@ CANCELLATION_CAP = 256
 # no verdict and would double what the set stores (a GEMM on positive inputs, 4 GiB per set on
 # KernelBench's 32768 x 32768 output): that output keeps its tolerance alone.
 NEGLIGIBLE_SLACK = 1 / 64
+# How far a low-precision forward's rounding can move an output: this many units (the coarsest
+# low-precision dtype's eps) of the largest magnitude the forward computes. A step to the fp64
+# run's value beyond it is no rounding: the fp64 run computed another function there (a constant
+# taken from ``torch.finfo(x.dtype)``, a branch on the dtype), and the step is cut to it.
+ROUNDING_UNITS = 8
 
 
 def capped_slack(magnitudes, out, share: float, atol: float, rtol: float):
@@ -75,7 +80,7 @@ def capped_slack(magnitudes, out, share: float, atol: float, rtol: float):
     return None if negligible else terms
 
 
-def toward_exact(out, exact, atol: float, rtol: float):
+def toward_exact(out, exact, atol: float, rtol: float, reach: float = float("inf")):
     """Per element of an output ``out`` computed in low precision (fp16/bf16): the signed step from it to
     ``exact`` (the fp64 model on the same inputs), at least as long, in ``out``'s dtype; None where
     that stays ``NEGLIGIBLE_SLACK`` of the tolerance ``atol`` + ``rtol`` |out| everywhere. The
@@ -83,11 +88,12 @@ def toward_exact(out, exact, atol: float, rtol: float):
     cancels (``(x + y) - y``, ``exp(x) - 1``) the reference is several of the output's ulps off; a
     kernel that keeps fp32 between steps, as torch inductor's do, is nearer the exact value by as
     much. The comparison then measures a candidate from the stretch between the reference and
-    the exact value (``compare``): a kernel on the far side of the reference gains nothing."""
+    the exact value (``compare``): a kernel on the far side of the reference gains nothing. No
+    step is longer than ``reach``, what rounding can explain (``ROUNDING_UNITS``)."""
     import torch
 
     step = exact.detach().to(out.device, torch.float64) - out.detach().double()
-    step = step.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).float()
+    step = step.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=-reach, max=reach).float()
     sizes = out.detach().abs().float().nan_to_num_(nan=0.0, posinf=0.0)
     floor = sizes.mul_(rtol * NEGLIGIBLE_SLACK).add_(atol * NEGLIGIBLE_SLACK)
     if bool(torch.le(step.abs(), floor).all()):
